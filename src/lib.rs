@@ -4,3 +4,13 @@
 //! one part of it.
 
 pub mod algorithm;
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod limiter;
+pub mod metrics;
+pub mod policy;
+pub mod proto;
+pub mod server;
+pub mod service;
+pub mod store;

@@ -1,6 +1,5 @@
-//! The `sluice` command line. The decision core is in the library; the
-//! node (`sluice serve`) is built on it in the single-node issue.
+//! The `sluice` binary; see `sluice --help`.
 
-fn main() {
-    println!("sluice {}", env!("CARGO_PKG_VERSION"));
+fn main() -> std::process::ExitCode {
+    sluice::cli::main()
 }

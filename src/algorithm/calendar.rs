@@ -31,6 +31,20 @@ pub enum CalendarUnit {
 }
 
 impl CalendarUnit {
+    pub const ALL: [CalendarUnit; 6] = [
+        CalendarUnit::Minute,
+        CalendarUnit::Hour,
+        CalendarUnit::Day,
+        CalendarUnit::Week,
+        CalendarUnit::Month,
+        CalendarUnit::Year,
+    ];
+
+    /// Parse a unit's name (as in [`CalendarUnit::name`]).
+    pub fn from_name(name: &str) -> Option<CalendarUnit> {
+        CalendarUnit::ALL.into_iter().find(|u| u.name() == name)
+    }
+
     /// The window `[start, end)` that contains `t`. `end` saturates at
     /// `u64::MAX` for windows that end after the year 2554.
     pub fn bounds(self, t: Nanos) -> (Nanos, Nanos) {
@@ -169,14 +183,7 @@ mod tests {
 
     #[test]
     fn extremes_do_not_panic() {
-        for unit in [
-            CalendarUnit::Minute,
-            CalendarUnit::Hour,
-            CalendarUnit::Day,
-            CalendarUnit::Week,
-            CalendarUnit::Month,
-            CalendarUnit::Year,
-        ] {
+        for unit in CalendarUnit::ALL {
             let (s, e) = unit.bounds(u64::MAX);
             assert!(s <= e && e == u64::MAX, "{unit:?}");
             let (s, e) = unit.bounds(0);

@@ -1,0 +1,20 @@
+//! Compile the protos with a vendored `protoc`, so a fresh machine needs
+//! nothing installed; also emit the descriptor set that gRPC reflection serves.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protoc = protoc_bin_vendored::protoc_bin_path()?;
+    // SAFETY: build scripts are single-threaded; nothing else reads the env.
+    unsafe { std::env::set_var("PROTOC", protoc) };
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    tonic_prost_build::configure()
+        .file_descriptor_set_path(out.join("sluice_descriptor.bin"))
+        .compile_protos(
+            &[
+                "proto/sluice/v1/ratelimit.proto",
+                "proto/sluice/v1/admin.proto",
+            ],
+            &["proto"],
+        )?;
+    println!("cargo:rerun-if-changed=proto");
+    Ok(())
+}

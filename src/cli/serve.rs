@@ -1,0 +1,113 @@
+//! `sluice serve`: run a node until SIGTERM or SIGINT.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+use tracing_subscriber::EnvFilter;
+
+use super::CliResult;
+use crate::clock::SystemClock;
+use crate::config::{LogFormat, Sources};
+use crate::server::Node;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// A TOML config file; reloaded (policies) when it changes.
+    #[arg(long, env = "SLUICE_CONFIG")]
+    config: Option<PathBuf>,
+    /// gRPC listen address [default: 0.0.0.0:8081].
+    #[arg(long)]
+    grpc_addr: Option<SocketAddr>,
+    /// HTTP admin listen address (/metrics, /healthz, /readyz) [default: 0.0.0.0:8080].
+    #[arg(long)]
+    http_addr: Option<SocketAddr>,
+    /// A stable node name [default: $HOSTNAME].
+    #[arg(long)]
+    node_id: Option<String>,
+    /// Log format: text or json. Levels come from RUST_LOG (default info).
+    #[arg(long, value_parser = ["text", "json"])]
+    log_format: Option<String>,
+    /// Keys kept in memory before eviction [default: 1000000].
+    #[arg(long)]
+    max_keys: Option<usize>,
+}
+
+impl ServeArgs {
+    fn sources(&self) -> Sources {
+        let mut flags = BTreeMap::new();
+        let mut set = |k: &str, v: toml::Value| {
+            flags.insert(k.to_string(), v);
+        };
+        if let Some(a) = self.grpc_addr {
+            set("grpc_addr", toml::Value::String(a.to_string()));
+        }
+        if let Some(a) = self.http_addr {
+            set("http_addr", toml::Value::String(a.to_string()));
+        }
+        if let Some(id) = &self.node_id {
+            set("node_id", toml::Value::String(id.clone()));
+        }
+        if let Some(f) = &self.log_format {
+            set("log_format", toml::Value::String(f.clone()));
+        }
+        if let Some(n) = self.max_keys {
+            let mut limits = toml::Table::new();
+            limits.insert(
+                "max_keys".into(),
+                toml::Value::Integer(n.min(i64::MAX as usize) as i64),
+            );
+            set("limits", toml::Value::Table(limits));
+        }
+        Sources {
+            file: self.config.clone(),
+            flags,
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+pub async fn run(args: ServeArgs) -> CliResult {
+    let sources = args.sources();
+    let (config, policies) = sources.load()?;
+    init_logging(config.log_format);
+    let node = Node::start(
+        config,
+        policies,
+        Some(sources),
+        Arc::new(SystemClock::new()),
+    )
+    .await?;
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    node.shutdown();
+    node.wait().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGTERM; stopping on SIGINT only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

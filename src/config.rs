@@ -1,0 +1,283 @@
+//! One typed config: defaults that run a single node, overridden by a TOML
+//! file (`--config`), then `SLUICE_*` environment variables (nested keys with
+//! `__`, e.g. `SLUICE_LIMITS__MAX_KEYS`), then command-line flags.
+//!
+//! Loaded with `figment`, which layers the sources and names the key and the
+//! source of every error; policies are validated here too, so a broken edit
+//! is refused as a whole with a message naming the key.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+use crate::policy::Policies;
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// The node's configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// A stable name for this node (in Kubernetes, the pod or node name).
+    pub node_id: String,
+    /// gRPC: the public API, admin API, health and reflection.
+    pub grpc_addr: SocketAddr,
+    /// HTTP: `/metrics`, `/healthz`, `/readyz`.
+    pub http_addr: SocketAddr,
+    pub log_format: LogFormat,
+    pub limits: Limits,
+    /// Named limits, `[policies.NAME]`.
+    pub policies: BTreeMap<String, PolicyConfig>,
+}
+
+/// Bounds on what the node accepts and keeps.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Keys in memory; beyond it, the key closest to fresh is evicted.
+    pub max_keys: usize,
+    /// Requests in one `Check` call.
+    pub max_batch: usize,
+    /// Bytes in `name` and in `unique_key`, each.
+    pub max_key_bytes: usize,
+    /// Bytes in one gRPC message.
+    pub max_message_bytes: usize,
+    /// The sliding window log's largest limit.
+    pub max_log_entries: u64,
+    /// How often idle keys are swept, e.g. "10s".
+    #[serde(with = "humantime_serde_compat")]
+    pub sweep_interval: Duration,
+    /// Distinct `name`/`policy` label values in metrics (names come from
+    /// clients); the rest are counted under `_other`.
+    pub max_metric_names: usize,
+}
+
+/// A named limit in the config file.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// token_bucket (default), gcra, leaky_bucket, fixed_window,
+    /// sliding_window_counter or sliding_window_log.
+    pub algorithm: Option<String>,
+    pub limit: u64,
+    /// e.g. "1m", "250ms", "1day". Exactly one of `duration` and `window`.
+    pub duration: Option<String>,
+    /// A calendar window (fixed_window only): minute, hour, day, week, month, year.
+    pub window: Option<String>,
+    pub burst: Option<u64>,
+    /// Decide and count, but always allow.
+    pub shadow: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            node_id: std::env::var("HOSTNAME").unwrap_or_else(|_| "sluice".to_string()),
+            grpc_addr: "0.0.0.0:8081".parse().expect("valid literal"),
+            http_addr: "0.0.0.0:8080".parse().expect("valid literal"),
+            log_format: LogFormat::Text,
+            limits: Limits::default(),
+            policies: BTreeMap::new(),
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_keys: 1_000_000,
+            max_batch: 1_000,
+            max_key_bytes: 1_024,
+            max_message_bytes: 4 * 1024 * 1024,
+            max_log_entries: crate::algorithm::DEFAULT_MAX_LOG_ENTRIES,
+            sweep_interval: Duration::from_secs(10),
+            max_metric_names: 100,
+        }
+    }
+}
+
+/// Where the config comes from, kept so that a reload reads the same layers.
+#[derive(Clone, Debug, Default)]
+pub struct Sources {
+    pub file: Option<PathBuf>,
+    /// Command-line overrides as a partial config (only the flags given).
+    pub flags: BTreeMap<String, toml::Value>,
+}
+
+/// A config that failed to load or validate.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl Sources {
+    /// Load and validate every layer.
+    pub fn load(&self) -> Result<(Config, Policies), ConfigError> {
+        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = &self.file {
+            if !path.exists() {
+                return Err(ConfigError(format!(
+                    "config file {} does not exist",
+                    path.display()
+                )));
+            }
+            fig = fig.merge(Toml::file(path));
+        }
+        fig = fig
+            .merge(Env::prefixed("SLUICE_").split("__"))
+            .merge(Serialized::defaults(&self.flags));
+        let config: Config = fig.extract().map_err(|e| ConfigError(describe(e)))?;
+        config.validate()?;
+        let policies = Policies::from_config(&config)?;
+        Ok((config, policies))
+    }
+
+    pub fn file(&self) -> Option<&Path> {
+        self.file.as_deref()
+    }
+}
+
+fn describe(e: figment::Error) -> String {
+    e.into_iter()
+        .map(|e| e.to_string())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl Config {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let l = &self.limits;
+        let positive = [
+            ("limits.max_keys", l.max_keys),
+            ("limits.max_batch", l.max_batch),
+            ("limits.max_key_bytes", l.max_key_bytes),
+            ("limits.max_message_bytes", l.max_message_bytes),
+        ];
+        for (key, v) in positive {
+            if v == 0 {
+                return Err(ConfigError(format!("{key}: must be greater than zero")));
+            }
+        }
+        if l.sweep_interval.is_zero() {
+            return Err(ConfigError(
+                "limits.sweep_interval: must be greater than zero".into(),
+            ));
+        }
+        if self.node_id.is_empty() {
+            return Err(ConfigError("node_id: must not be empty".into()));
+        }
+        Ok(())
+    }
+}
+
+/// `Duration` as a human string ("10s", "1m") in config files.
+mod humantime_serde_compat {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, body: &str) -> PathBuf {
+        let p = dir.join("sluice.toml");
+        std::fs::write(&p, body).unwrap();
+        p
+    }
+
+    fn tempdir() -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "sluice-config-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn defaults_run_a_single_node() {
+        let (c, p) = Sources::default().load().unwrap();
+        assert_eq!(c.grpc_addr.port(), 8081);
+        assert_eq!(c.limits.max_batch, 1_000);
+        assert!(p.is_empty());
+    }
+
+    #[test]
+    fn file_then_flags_override() {
+        let dir = tempdir();
+        let file = write(
+            &dir,
+            "grpc_addr = \"127.0.0.1:9000\"\n[limits]\nmax_keys = 5\n[policies.api]\nlimit = 10\nduration = \"1m\"\n",
+        );
+        let mut flags = BTreeMap::new();
+        flags.insert(
+            "grpc_addr".to_string(),
+            toml::Value::String("127.0.0.1:9001".into()),
+        );
+        let (c, p) = Sources {
+            file: Some(file),
+            flags,
+        }
+        .load()
+        .unwrap();
+        assert_eq!(c.grpc_addr.port(), 9001);
+        assert_eq!(c.limits.max_keys, 5);
+        assert_eq!(p.get("api").unwrap().spec.limit(), 10);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let dir = tempdir();
+        let cases = [
+            ("[limits]\nmax_keys = \"many\"\n", "max_keys"),
+            ("[limits]\nmax_batch = 0\n", "limits.max_batch"),
+            ("unknown_thing = 1\n", "unknown_thing"),
+            ("[policies.p]\nlimit = 1\n", "policies.p.duration"),
+            (
+                "[policies.p]\nlimit = 1\nduration = \"soon\"\n",
+                "policies.p.duration",
+            ),
+            (
+                "[policies.p]\nlimit = 1\nduration = \"1s\"\nalgorithm = \"magic\"\n",
+                "policies.p.algorithm",
+            ),
+            (
+                "[policies.p]\nlimit = 20000\nduration = \"1s\"\nalgorithm = \"sliding_window_log\"\n",
+                "policies.p.limit",
+            ),
+        ];
+        for (body, key) in cases {
+            let file = write(&dir, body);
+            let err = Sources {
+                file: Some(file),
+                ..Default::default()
+            }
+            .load()
+            .unwrap_err();
+            assert!(err.0.contains(key), "{body:?}: {err}");
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! `sluice.v1.Admin`: reset, inspect and top keys, for operators.
+
+use tonic::{Request, Response, Status};
+
+use super::wire;
+use crate::limiter::Limiter;
+use crate::proto::v1 as pb;
+use crate::proto::v1::admin_server::Admin;
+use crate::store::{TopBy, View};
+
+pub struct AdminService {
+    limiter: Limiter,
+}
+
+impl AdminService {
+    pub fn new(limiter: Limiter) -> AdminService {
+        AdminService { limiter }
+    }
+}
+
+fn key_ref(key: Option<pb::KeyRef>) -> Result<pb::KeyRef, Status> {
+    let key = key.ok_or_else(|| Status::invalid_argument("key: required"))?;
+    if key.name.is_empty() {
+        return Err(Status::invalid_argument("key.name: must not be empty"));
+    }
+    if key.unique_key.is_empty() {
+        return Err(Status::invalid_argument(
+            "key.unique_key: must not be empty",
+        ));
+    }
+    Ok(key)
+}
+
+fn key_state(key: pb::KeyRef, v: &View) -> pb::KeyState {
+    let (duration_ms, window) = wire::period_to_wire(&v.spec);
+    let n = |x: u64| i64::try_from(x).unwrap_or(i64::MAX);
+    pb::KeyState {
+        key: Some(key),
+        algorithm: wire::algorithm_to_wire(v.spec.algorithm()) as i32,
+        limit: n(v.spec.limit()),
+        duration_ms,
+        window: window as i32,
+        burst: n(v.spec.capacity()),
+        remaining: n(v.remaining),
+        reset_at_ms: wire::ms_up(v.reset_at),
+        reset_gen: v.reset_gen,
+        version: v.version,
+        hits: v.hits,
+        refusals: v.refusals,
+        last_seen_ms: wire::ms_up(v.last_seen),
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn reset_key(
+        &self,
+        request: Request<pb::ResetKeyRequest>,
+    ) -> Result<Response<pb::ResetKeyResponse>, Status> {
+        let key = key_ref(request.into_inner().key)?;
+        let existed = self.limiter.reset(&key.name, &key.unique_key);
+        tracing::info!(name = %key.name, unique_key = %key.unique_key, existed, "admin reset");
+        Ok(Response::new(pb::ResetKeyResponse { existed }))
+    }
+
+    async fn inspect_key(
+        &self,
+        request: Request<pb::InspectKeyRequest>,
+    ) -> Result<Response<pb::InspectKeyResponse>, Status> {
+        let key = key_ref(request.into_inner().key)?;
+        let view = self.limiter.inspect(&key.name, &key.unique_key);
+        Ok(Response::new(match view {
+            Some(v) => pb::InspectKeyResponse {
+                found: true,
+                state: Some(key_state(key, &v)),
+            },
+            None => pb::InspectKeyResponse {
+                found: false,
+                state: None,
+            },
+        }))
+    }
+
+    async fn top_keys(
+        &self,
+        request: Request<pb::TopKeysRequest>,
+    ) -> Result<Response<pb::TopKeysResponse>, Status> {
+        let r = request.into_inner();
+        let by = match pb::TopBy::try_from(r.by) {
+            Ok(pb::TopBy::Unspecified) | Ok(pb::TopBy::Hits) => TopBy::Hits,
+            Ok(pb::TopBy::Refusals) => TopBy::Refusals,
+            Err(_) => {
+                return Err(Status::invalid_argument(format!(
+                    "by: unknown value {}",
+                    r.by
+                )));
+            }
+        };
+        let count = match r.count {
+            0 => 10,
+            n if n > 1_000 => {
+                return Err(Status::invalid_argument(format!(
+                    "count: at most 1000, got {n}"
+                )));
+            }
+            n => n as usize,
+        };
+        let keys = self
+            .limiter
+            .top(by, count)
+            .into_iter()
+            .map(|(name, unique_key, v)| key_state(pb::KeyRef { name, unique_key }, &v))
+            .collect();
+        Ok(Response::new(pb::TopKeysResponse { keys }))
+    }
+}

@@ -1,0 +1,12 @@
+//! Front ends. Each translates its wire types to the limiter's domain types
+//! and back; none holds business logic.
+//!
+//! - [`v1`]: `sluice.v1.RateLimiter`, the public API;
+//! - [`admin`]: `sluice.v1.Admin`, for operators;
+//! - [`http`]: `/metrics`, `/healthz`, `/readyz`;
+//! - gRPC health and reflection are tonic's own services, mounted by the server.
+
+pub mod admin;
+pub mod http;
+pub mod v1;
+pub mod wire;

@@ -1,0 +1,64 @@
+//! `sluice.v1.RateLimiter`: the public API. Converts, calls the limiter,
+//! converts back — no business rules here.
+
+use std::time::Instant;
+
+use tonic::{Request, Response, Status};
+
+use super::wire;
+use crate::config::Limits;
+use crate::limiter::Limiter;
+use crate::proto::v1 as pb;
+use crate::proto::v1::rate_limiter_server::RateLimiter;
+
+pub struct RateLimiterService {
+    limiter: Limiter,
+    limits: Limits,
+}
+
+impl RateLimiterService {
+    pub fn new(limiter: Limiter, limits: Limits) -> RateLimiterService {
+        RateLimiterService { limiter, limits }
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimiter for RateLimiterService {
+    async fn check(
+        &self,
+        request: Request<pb::CheckRequest>,
+    ) -> Result<Response<pb::CheckResponse>, Status> {
+        let started = Instant::now();
+        let requests = request.into_inner().requests;
+        if requests.len() > self.limits.max_batch {
+            self.limiter.metrics().invalid("requests");
+            return Err(Status::invalid_argument(format!(
+                "requests: at most {} per call, got {}",
+                self.limits.max_batch,
+                requests.len()
+            )));
+        }
+        let responses = requests
+            .into_iter()
+            .map(|r| {
+                let outcome = wire::check_from_wire(&r, &self.limits)
+                    .and_then(|check| self.limiter.check(&check));
+                let mut response = match outcome {
+                    Ok(verdict) => wire::verdict_to_wire(&verdict),
+                    Err(e) => {
+                        self.limiter.metrics().invalid(e.field);
+                        wire::error_to_wire(&e)
+                    }
+                };
+                response.request_id = r.request_id;
+                response.metadata = r.metadata;
+                response
+            })
+            .collect();
+        self.limiter
+            .metrics()
+            .check_latency
+            .observe(started.elapsed().as_secs_f64());
+        Ok(Response::new(pb::CheckResponse { responses }))
+    }
+}

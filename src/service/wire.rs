@@ -1,0 +1,237 @@
+//! Wire ↔ domain conversion for `sluice.v1`, and the validation of every
+//! request field at the edge: an invalid item gets an error naming the field,
+//! and no counter is touched.
+
+use crate::algorithm::{Algorithm, Bounds, CalendarUnit, Period, Request, Spec};
+use crate::config::Limits;
+use crate::limiter::{Check, ItemError, LimitRef, Reason, Status, Verdict};
+use crate::proto::v1 as pb;
+
+const NANOS_PER_MS: u64 = 1_000_000;
+
+/// Validate a wire request into a [`Check`].
+pub fn check_from_wire(r: &pb::RateLimitRequest, limits: &Limits) -> Result<Check, ItemError> {
+    key_part("name", &r.name, limits.max_key_bytes)?;
+    key_part("unique_key", &r.unique_key, limits.max_key_bytes)?;
+    let hits = match r.hits {
+        None => 1,
+        Some(h) => non_negative("hits", h)?,
+    };
+    let limit = match &r.policy {
+        Some(policy) => {
+            let inline = [
+                ("limit", r.limit != 0),
+                ("duration_ms", r.duration_ms.is_some()),
+                ("window", r.window != 0),
+                ("burst", r.burst.is_some()),
+                ("algorithm", r.algorithm != 0),
+            ];
+            if let Some((field, _)) = inline.iter().find(|(_, set)| *set) {
+                return Err(ItemError::new(
+                    field,
+                    format!("must be unset when policy is given (policy {policy:?} defines it)"),
+                ));
+            }
+            if policy.is_empty() {
+                return Err(ItemError::new("policy", "must not be empty when set"));
+            }
+            LimitRef::Policy(policy.clone())
+        }
+        None => LimitRef::Inline(inline_spec(r, limits)?),
+    };
+    Ok(Check {
+        name: r.name.clone(),
+        unique_key: r.unique_key.clone(),
+        limit,
+        request: Request {
+            hits,
+            drain_over_limit: r.drain_over_limit,
+            nodelay: r.nodelay,
+        },
+    })
+}
+
+fn inline_spec(r: &pb::RateLimitRequest, limits: &Limits) -> Result<Spec, ItemError> {
+    let limit = non_negative("limit", r.limit)?;
+    let burst = r.burst.map(|b| non_negative("burst", b)).transpose()?;
+    let algorithm = algorithm_from_wire(r.algorithm)?;
+    let window = window_from_wire(r.window)?;
+    let period = match (r.duration_ms, window) {
+        (Some(_), Some(_)) => {
+            return Err(ItemError::new(
+                "duration_ms",
+                "set either duration_ms or window, not both",
+            ));
+        }
+        (None, None) => {
+            return Err(ItemError::new(
+                "duration_ms",
+                "set duration_ms or a calendar window",
+            ));
+        }
+        (Some(ms), None) => {
+            if ms <= 0 {
+                return Err(ItemError::new(
+                    "duration_ms",
+                    format!("must be greater than zero, got {ms}"),
+                ));
+            }
+            Period::Duration((ms as u64).saturating_mul(NANOS_PER_MS))
+        }
+        (None, Some(unit)) => Period::Calendar(unit),
+    };
+    let bounds = Bounds {
+        max_log_entries: limits.max_log_entries,
+    };
+    Spec::with_bounds(algorithm, limit, period, burst, &bounds).map_err(|e| {
+        // The algorithm names its own fields; the wire calls the duration duration_ms.
+        let field = if e.field == "duration" {
+            "duration_ms"
+        } else {
+            e.field
+        };
+        ItemError::new(field, e.message)
+    })
+}
+
+fn key_part(field: &'static str, v: &str, max: usize) -> Result<(), ItemError> {
+    if v.is_empty() {
+        return Err(ItemError::new(field, "must not be empty"));
+    }
+    if v.len() > max {
+        return Err(ItemError::new(
+            field,
+            format!("must be at most {max} bytes, got {}", v.len()),
+        ));
+    }
+    Ok(())
+}
+
+fn non_negative(field: &'static str, v: i64) -> Result<u64, ItemError> {
+    u64::try_from(v).map_err(|_| ItemError::new(field, format!("must not be negative, got {v}")))
+}
+
+pub fn algorithm_from_wire(v: i32) -> Result<Algorithm, ItemError> {
+    Ok(match pb::Algorithm::try_from(v) {
+        Ok(pb::Algorithm::Unspecified) | Ok(pb::Algorithm::TokenBucket) => Algorithm::TokenBucket,
+        Ok(pb::Algorithm::Gcra) => Algorithm::Gcra,
+        Ok(pb::Algorithm::LeakyBucket) => Algorithm::LeakyBucket,
+        Ok(pb::Algorithm::FixedWindow) => Algorithm::FixedWindow,
+        Ok(pb::Algorithm::SlidingWindowCounter) => Algorithm::SlidingWindowCounter,
+        Ok(pb::Algorithm::SlidingWindowLog) => Algorithm::SlidingWindowLog,
+        Err(_) => {
+            return Err(ItemError::new(
+                "algorithm",
+                format!("unknown algorithm {v}"),
+            ));
+        }
+    })
+}
+
+pub fn algorithm_to_wire(a: Algorithm) -> pb::Algorithm {
+    match a {
+        Algorithm::TokenBucket => pb::Algorithm::TokenBucket,
+        Algorithm::Gcra => pb::Algorithm::Gcra,
+        Algorithm::LeakyBucket => pb::Algorithm::LeakyBucket,
+        Algorithm::FixedWindow => pb::Algorithm::FixedWindow,
+        Algorithm::SlidingWindowCounter => pb::Algorithm::SlidingWindowCounter,
+        Algorithm::SlidingWindowLog => pb::Algorithm::SlidingWindowLog,
+    }
+}
+
+fn window_from_wire(v: i32) -> Result<Option<CalendarUnit>, ItemError> {
+    Ok(match pb::CalendarWindow::try_from(v) {
+        Ok(pb::CalendarWindow::Unspecified) => None,
+        Ok(pb::CalendarWindow::Minute) => Some(CalendarUnit::Minute),
+        Ok(pb::CalendarWindow::Hour) => Some(CalendarUnit::Hour),
+        Ok(pb::CalendarWindow::Day) => Some(CalendarUnit::Day),
+        Ok(pb::CalendarWindow::Week) => Some(CalendarUnit::Week),
+        Ok(pb::CalendarWindow::Month) => Some(CalendarUnit::Month),
+        Ok(pb::CalendarWindow::Year) => Some(CalendarUnit::Year),
+        Err(_) => {
+            return Err(ItemError::new(
+                "window",
+                format!("unknown calendar window {v}"),
+            ));
+        }
+    })
+}
+
+pub fn window_to_wire(u: CalendarUnit) -> pb::CalendarWindow {
+    match u {
+        CalendarUnit::Minute => pb::CalendarWindow::Minute,
+        CalendarUnit::Hour => pb::CalendarWindow::Hour,
+        CalendarUnit::Day => pb::CalendarWindow::Day,
+        CalendarUnit::Week => pb::CalendarWindow::Week,
+        CalendarUnit::Month => pb::CalendarWindow::Month,
+        CalendarUnit::Year => pb::CalendarWindow::Year,
+    }
+}
+
+/// Nanoseconds to whole milliseconds, rounded up (times never arrive early).
+pub fn ms_up(ns: u64) -> i64 {
+    i64::try_from(ns.div_ceil(NANOS_PER_MS)).unwrap_or(i64::MAX)
+}
+
+fn count(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// The period of a spec in wire form: `(duration_ms, window)`.
+pub fn period_to_wire(spec: &Spec) -> (i64, pb::CalendarWindow) {
+    match spec.period() {
+        Period::Duration(ns) => (ms_up(ns), pb::CalendarWindow::Unspecified),
+        Period::Calendar(u) => (0, window_to_wire(u)),
+    }
+}
+
+/// A verdict as a wire response (request_id and metadata are filled by the caller).
+pub fn verdict_to_wire(v: &Verdict) -> pb::RateLimitResponse {
+    let d = &v.decision;
+    pb::RateLimitResponse {
+        status: status_to_wire(v.status) as i32,
+        reason: reason_to_wire(v.reason) as i32,
+        limit: count(d.limit),
+        remaining: count(d.remaining),
+        reset_at_ms: ms_up(d.reset_at),
+        retry_after_ms: match (v.reason, d.retry_after) {
+            (Reason::LimitExceeded, Some(r)) => ms_up(r),
+            _ => 0,
+        },
+        delay_ms: ms_up(d.delay),
+        approximate: v.approximate,
+        owner: v.owner.to_string(),
+        ..Default::default()
+    }
+}
+
+/// An invalid item as a wire response.
+pub fn error_to_wire(e: &ItemError) -> pb::RateLimitResponse {
+    pb::RateLimitResponse {
+        error: Some(pb::Error {
+            code: tonic::Code::InvalidArgument as i32,
+            field: e.field.to_string(),
+            message: e.to_string(),
+        }),
+        ..Default::default()
+    }
+}
+
+pub fn status_to_wire(s: Status) -> pb::Status {
+    match s {
+        Status::UnderLimit => pb::Status::UnderLimit,
+        Status::OverLimit => pb::Status::OverLimit,
+        Status::Unavailable => pb::Status::Unavailable,
+    }
+}
+
+pub fn reason_to_wire(r: Reason) -> pb::Reason {
+    match r {
+        Reason::WithinLimit => pb::Reason::WithinLimit,
+        Reason::LimitExceeded => pb::Reason::LimitExceeded,
+        Reason::CostExceedsCapacity => pb::Reason::CostExceedsCapacity,
+        Reason::OwnerUnreachable => pb::Reason::OwnerUnreachable,
+        Reason::Overloaded => pb::Reason::Overloaded,
+        Reason::Shadow => pb::Reason::Shadow,
+    }
+}

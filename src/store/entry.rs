@@ -1,0 +1,120 @@
+//! One key's entry in the store: its limit and state (the `Limited` of the
+//! decision core) plus what the store needs around it — lineage counters for
+//! replication (`reset_gen`, `version`), usage for top-keys, and the CLOCK
+//! bit for eviction.
+
+use crate::algorithm::{Decision, Limited, Nanos, Request, Spec};
+
+/// A stored key (DESIGN §3: `{algorithm, limit, duration or window, burst,
+/// reset_gen, version, state}` — the spec carries the first four).
+#[derive(Clone, Debug)]
+pub struct Entry {
+    limited: Limited,
+    /// Incremented by each admin reset; state from an older `reset_gen`
+    /// never overrides a newer one.
+    reset_gen: u64,
+    /// Incremented by each decision that may change the state.
+    version: u64,
+    hits: u64,
+    refusals: u64,
+    last_seen: Nanos,
+    /// Set on every access, cleared by the eviction hand: a key used since
+    /// the hand last passed gets a second chance.
+    referenced: bool,
+}
+
+/// A read-only view of an entry, for admin answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct View {
+    pub spec: Spec,
+    pub remaining: u64,
+    pub reset_at: Nanos,
+    pub reset_gen: u64,
+    pub version: u64,
+    pub hits: u64,
+    pub refusals: u64,
+    pub last_seen: Nanos,
+}
+
+impl Entry {
+    pub fn new(spec: Spec, now: Nanos) -> Entry {
+        Entry {
+            limited: Limited::new(spec, now),
+            reset_gen: 0,
+            version: 0,
+            hits: 0,
+            refusals: 0,
+            last_seen: now,
+            referenced: true,
+        }
+    }
+
+    pub fn decide(&mut self, spec: &Spec, req: Request, now: Nanos) -> Decision {
+        let d = self.limited.decide(spec, req, now);
+        self.last_seen = self.last_seen.max(now);
+        self.referenced = true;
+        if req.hits > 0 {
+            self.version += 1;
+            self.hits = self.hits.saturating_add(req.hits);
+            if !d.allowed() {
+                self.refusals += 1;
+            }
+        }
+        d
+    }
+
+    pub fn reset(&mut self, now: Nanos) {
+        self.limited.reset(now);
+        self.reset_gen += 1;
+        self.version += 1;
+    }
+
+    /// After this time the state equals a fresh one: forgetting it loses nothing.
+    pub fn idle_after(&self) -> Nanos {
+        self.limited.state().idle_after(self.limited.spec())
+    }
+
+    /// How far from fresh, in millionths of the capacity: the eviction score
+    /// (lowest goes first, so a key at 99% of a monthly quota goes last).
+    pub fn fullness_ppm(&self, now: Nanos) -> u64 {
+        let spec = self.limited.spec();
+        let used = u128::from(self.limited.state().consumed(spec, now));
+        match u128::from(spec.capacity()) {
+            0 => 0,
+            cap => u64::try_from(used * 1_000_000 / cap).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// Clear the CLOCK bit; return whether it was set.
+    pub fn take_reference(&mut self) -> bool {
+        std::mem::replace(&mut self.referenced, false)
+    }
+
+    pub fn hits(&self) -> u64 {
+        self.hits
+    }
+
+    pub fn refusals(&self) -> u64 {
+        self.refusals
+    }
+
+    pub fn last_seen(&self) -> Nanos {
+        self.last_seen
+    }
+
+    pub fn view(&self, now: Nanos) -> View {
+        let spec = *self.limited.spec();
+        let mut state = self.limited.state().clone();
+        let peek = state.decide(&spec, Request::hits(0), now);
+        View {
+            spec,
+            remaining: peek.remaining,
+            reset_at: peek.reset_at,
+            reset_gen: self.reset_gen,
+            version: self.version,
+            hits: self.hits,
+            refusals: self.refusals,
+            last_seen: self.last_seen,
+        }
+    }
+}

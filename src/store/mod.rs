@@ -1,0 +1,319 @@
+//! The in-memory table of limiter states.
+//!
+//! A `DashMap` from encoded key to [`Entry`]: each decision locks one shard
+//! for the few tens of nanoseconds the arithmetic takes, so refill, check and
+//! consume are atomic per key without a global lock. A lookup of an existing
+//! key allocates nothing (the key is encoded into a per-thread buffer); only a
+//! new key allocates.
+//!
+//! Bounds: at most `max_keys` entries. Idle keys — whose state has returned
+//! to fresh, so forgetting them loses nothing — are removed by [`Store::sweep`].
+//! When the table is full, a new key evicts one: the eviction hand walks the
+//! keys in insertion order (a CLOCK), gives a key used since its last pass a
+//! second chance, and among a sample of the others evicts the one closest to
+//! a fresh state — a key at 99% of a monthly quota is the last to go.
+
+mod entry;
+pub mod key;
+
+use std::collections::{BinaryHeap, VecDeque};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry as MapEntry;
+
+pub use entry::{Entry, View};
+
+use crate::algorithm::{Decision, Nanos, Request, Spec, State};
+
+/// How many unreferenced keys the eviction hand compares per eviction.
+const SAMPLE: usize = 8;
+
+/// What to rank top keys by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TopBy {
+    Hits,
+    Refusals,
+}
+
+/// Counters the store keeps about itself.
+#[derive(Debug, Default)]
+pub struct StoreStats {
+    pub evictions: AtomicU64,
+    pub expired: AtomicU64,
+}
+
+/// Keys come from clients, so the map's hasher is seeded randomly per process
+/// (flooding one bucket needs the seed); foldhash is several times faster
+/// than std's SipHash on the 30–100-byte keys Sluice sees.
+type Hasher = foldhash::fast::RandomState;
+
+#[derive(Debug)]
+pub struct Store {
+    map: DashMap<Arc<[u8]>, Entry, Hasher>,
+    /// Keys in insertion order for the eviction hand. May hold keys already
+    /// removed (skipped when met, compacted by the sweep); a std `Mutex`
+    /// because it is held for a few pointer moves, never across an await.
+    ring: Mutex<VecDeque<Arc<[u8]>>>,
+    count: AtomicUsize,
+    max_keys: usize,
+    stats: StoreStats,
+}
+
+impl Store {
+    pub fn new(max_keys: usize) -> Store {
+        Store {
+            map: DashMap::with_hasher(Hasher::default()),
+            ring: Mutex::new(VecDeque::new()),
+            count: AtomicUsize::new(0),
+            max_keys: max_keys.max(1),
+            stats: StoreStats::default(),
+        }
+    }
+
+    /// Keys in memory.
+    pub fn len(&self) -> usize {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn stats(&self) -> &StoreStats {
+        &self.stats
+    }
+
+    /// Decide one request for `key`, atomically.
+    ///
+    /// A peek or a deny-all spec on a key not in memory answers from a fresh
+    /// state without storing anything: reads never grow the table.
+    pub fn decide(&self, key: &[u8], spec: &Spec, req: Request, now: Nanos) -> Decision {
+        if let Some(mut e) = self.map.get_mut(key) {
+            return e.decide(spec, req, now);
+        }
+        if req.hits == 0 || spec.limit() == 0 {
+            return State::fresh(spec, now).decide(spec, req, now);
+        }
+        self.make_room(now);
+        let key: Arc<[u8]> = Arc::from(key);
+        let decision = match self.map.entry(key.clone()) {
+            MapEntry::Occupied(mut o) => return o.get_mut().decide(spec, req, now),
+            MapEntry::Vacant(v) => {
+                let mut e = Entry::new(*spec, now);
+                let d = e.decide(spec, req, now);
+                v.insert(e);
+                d
+            }
+        };
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.ring_lock().push_back(key);
+        decision
+    }
+
+    /// Forget a key's consumption (an admin reset). Returns whether it existed.
+    pub fn reset(&self, key: &[u8], now: Nanos) -> bool {
+        match self.map.get_mut(key) {
+            Some(mut e) => {
+                e.reset(now);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A key's spec and state, without consuming.
+    pub fn inspect(&self, key: &[u8], now: Nanos) -> Option<View> {
+        self.map.get(key).map(|e| e.view(now))
+    }
+
+    /// The `n` keys with the most hits (or refusals), most first. Scans the
+    /// table: an operator's query, not a hot path.
+    pub fn top(&self, by: TopBy, n: usize, now: Nanos) -> Vec<(Arc<[u8]>, View)> {
+        let metric = |e: &Entry| match by {
+            TopBy::Hits => e.hits(),
+            TopBy::Refusals => e.refusals(),
+        };
+        // A min-heap of the best n so far, on (metric, key) for a stable order.
+        let mut heap: BinaryHeap<std::cmp::Reverse<(u64, Arc<[u8]>)>> = BinaryHeap::new();
+        for item in self.map.iter() {
+            let m = metric(item.value());
+            if m == 0 {
+                continue;
+            }
+            heap.push(std::cmp::Reverse((m, item.key().clone())));
+            if heap.len() > n {
+                heap.pop();
+            }
+        }
+        let mut best: Vec<_> = heap.into_iter().map(|r| r.0).collect();
+        best.sort_by(|a, b| b.cmp(a));
+        best.into_iter()
+            .filter_map(|(_, k)| self.map.get(&k).map(|e| (k.clone(), e.view(now))))
+            .collect()
+    }
+
+    /// Remove every key whose state is back to fresh. Returns how many.
+    pub fn sweep(&self, now: Nanos) -> usize {
+        let mut removed = 0;
+        self.map.retain(|_, e| {
+            let keep = e.idle_after() > now;
+            removed += usize::from(!keep);
+            keep
+        });
+        self.count.fetch_sub(removed, Ordering::Relaxed);
+        self.stats
+            .expired
+            .fetch_add(removed as u64, Ordering::Relaxed);
+        self.compact_ring();
+        removed
+    }
+
+    /// Evict until there is room for one more key.
+    fn make_room(&self, now: Nanos) {
+        while self.len() >= self.max_keys {
+            if !self.evict_one(now) {
+                break;
+            }
+        }
+    }
+
+    /// One turn of the eviction hand. Returns false if nothing could be evicted.
+    fn evict_one(&self, now: Nanos) -> bool {
+        let mut ring = self.ring_lock();
+        let mut candidates: Vec<(u64, Nanos, Arc<[u8]>)> = Vec::with_capacity(SAMPLE);
+        // Every key gets at most one second chance per turn, so the turn ends.
+        let mut budget = 2 * ring.len() + SAMPLE;
+        while candidates.len() < SAMPLE && budget > 0 {
+            budget -= 1;
+            let Some(key) = ring.pop_front() else { break };
+            let Some(mut e) = self.map.get_mut(&key) else {
+                continue; // removed by a sweep or an earlier eviction
+            };
+            if e.take_reference() {
+                drop(e);
+                ring.push_back(key);
+                continue;
+            }
+            candidates.push((e.fullness_ppm(now), e.last_seen(), key));
+        }
+        candidates.sort();
+        let mut rest = candidates.into_iter();
+        let Some((_, _, victim)) = rest.next() else {
+            return false;
+        };
+        ring.extend(rest.map(|c| c.2));
+        drop(ring);
+        if self.map.remove(&victim).is_some() {
+            self.count.fetch_sub(1, Ordering::Relaxed);
+            self.stats.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// Drop ring slots of removed keys once they outnumber the live ones.
+    fn compact_ring(&self) {
+        let mut ring = self.ring_lock();
+        if ring.len() > 2 * self.len() + 1024 {
+            ring.retain(|k| self.map.contains_key(k));
+        }
+    }
+
+    fn ring_lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Arc<[u8]>>> {
+        // A panic while holding it leaves a ring that is still a valid list.
+        self.ring.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Algorithm, Period};
+
+    const S: u64 = 1_000_000_000;
+
+    fn spec(limit: u64) -> Spec {
+        Spec::new(
+            Algorithm::TokenBucket,
+            limit,
+            Period::Duration(60 * S),
+            None,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn decides_atomically_per_key_and_counts() {
+        let store = Store::new(10);
+        let k = key::encode("n", "k");
+        for _ in 0..3 {
+            assert!(store.decide(&k, &spec(3), Request::hits(1), 0).allowed());
+        }
+        assert!(!store.decide(&k, &spec(3), Request::hits(1), 0).allowed());
+        let v = store.inspect(&k, 0).unwrap();
+        assert_eq!((v.hits, v.refusals, v.remaining), (4, 1, 0));
+    }
+
+    #[test]
+    fn peeks_and_deny_all_never_store() {
+        let store = Store::new(10);
+        let k = key::encode("n", "k");
+        store.decide(&k, &spec(3), Request::hits(0), 0);
+        store.decide(&k, &spec(0), Request::hits(1), 0);
+        assert!(store.is_empty());
+    }
+
+    #[test]
+    fn sweep_forgets_only_fresh_states() {
+        let store = Store::new(10);
+        let (a, b) = (key::encode("n", "a"), key::encode("n", "b"));
+        store.decide(&a, &spec(10), Request::hits(1), 0);
+        store.decide(&b, &spec(10), Request::hits(10), 0);
+        // 1 token refills in 6 s, 10 in 60 s.
+        assert_eq!(store.sweep(6 * S - 1), 0);
+        assert_eq!(store.sweep(6 * S), 1);
+        assert!(store.inspect(&a, 6 * S).is_none());
+        assert_eq!(store.sweep(60 * S), 1);
+        assert!(store.is_empty());
+        assert_eq!(store.stats().expired.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn evicts_the_key_closest_to_fresh_first() {
+        let store = Store::new(3);
+        let keys: Vec<_> = (0..3).map(|i| key::encode("n", &i.to_string())).collect();
+        // Consumption 90%, 10%, 50% of a limit of 10.
+        for (k, hits) in keys.iter().zip([9, 1, 5]) {
+            store.decide(k, &spec(10), Request::hits(hits), 0);
+        }
+        // All referenced once: the hand gives each its second chance, then
+        // evicts the least consumed.
+        store.decide(&key::encode("n", "new"), &spec(10), Request::hits(1), 0);
+        assert_eq!(store.len(), 3);
+        assert!(store.inspect(&keys[1], 0).is_none(), "10% key evicted");
+        assert!(store.inspect(&keys[0], 0).is_some());
+        assert!(store.inspect(&keys[2], 0).is_some());
+        assert_eq!(store.stats().evictions.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn top_keys_rank_by_hits_and_refusals() {
+        let store = Store::new(10);
+        let (a, b) = (key::encode("n", "a"), key::encode("n", "b"));
+        for _ in 0..5 {
+            store.decide(&a, &spec(100), Request::hits(1), 0);
+        }
+        for _ in 0..3 {
+            store.decide(&b, &spec(1), Request::hits(1), 0);
+        }
+        let top = store.top(TopBy::Hits, 1, 0);
+        assert_eq!(top.len(), 1);
+        assert_eq!(&*top[0].0, &a[..]);
+        let top = store.top(TopBy::Refusals, 5, 0);
+        assert_eq!(top.len(), 1, "a has no refusals");
+        assert_eq!(&*top[0].0, &b[..]);
+        assert_eq!(top[0].1.refusals, 2);
+    }
+}

@@ -1,0 +1,149 @@
+//! Test harness: an in-process node on 127.0.0.1 ports with a fake clock,
+//! and helpers to build requests and await conditions with a deadline.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice::clock::FakeClock;
+use sluice::config::{Config, Sources};
+use sluice::policy::Policies;
+use sluice::proto::v1 as pb;
+use sluice::proto::v1::rate_limiter_client::RateLimiterClient;
+use sluice::server::Node;
+use tonic::transport::Channel;
+
+/// 2023-11-14T22:13:20Z: a realistic epoch time for the fake clock.
+pub const BASE: u64 = 1_700_000_000_000_000_000;
+pub const MS: u64 = 1_000_000;
+
+pub struct TestNode {
+    pub node: Node,
+    pub clock: Arc<FakeClock>,
+    pub channel: Channel,
+}
+
+/// A config for tests: loopback, OS-chosen ports.
+pub fn config() -> Config {
+    Config {
+        node_id: "test-node".into(),
+        grpc_addr: "127.0.0.1:0".parse().unwrap(),
+        http_addr: "127.0.0.1:0".parse().unwrap(),
+        ..Config::default()
+    }
+}
+
+pub async fn start(config: Config) -> TestNode {
+    let policies = Policies::from_config(&config).expect("valid policies");
+    start_with(config, policies, None).await
+}
+
+pub async fn start_with(config: Config, policies: Policies, sources: Option<Sources>) -> TestNode {
+    let clock = FakeClock::new(BASE);
+    let node = Node::start(config, policies, sources, clock.clone())
+        .await
+        .expect("node starts");
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .expect("connects");
+    TestNode {
+        node,
+        clock,
+        channel,
+    }
+}
+
+impl TestNode {
+    pub fn client(&self) -> RateLimiterClient<Channel> {
+        RateLimiterClient::new(self.channel.clone())
+    }
+
+    /// Send one request, return its response.
+    pub async fn check(&self, r: pb::RateLimitRequest) -> pb::RateLimitResponse {
+        self.check_all(vec![r]).await.remove(0)
+    }
+
+    pub async fn check_all(
+        &self,
+        requests: Vec<pb::RateLimitRequest>,
+    ) -> Vec<pb::RateLimitResponse> {
+        self.client()
+            .check(pb::CheckRequest { requests })
+            .await
+            .expect("call succeeds")
+            .into_inner()
+            .responses
+    }
+
+    pub async fn http_get(&self, path: &str) -> (u16, String) {
+        http_get(&format!("http://{}{path}", self.node.http_addr)).await
+    }
+}
+
+/// A minimal HTTP/1.1 GET over a raw socket (no client crate needed).
+pub async fn http_get(url: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.trim_start_matches("http://");
+    let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let mut s = tokio::net::TcpStream::connect(host)
+        .await
+        .expect("http connects");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.unwrap();
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// An inline request.
+pub fn inline(name: &str, key: &str, limit: i64, duration_ms: i64) -> pb::RateLimitRequest {
+    pb::RateLimitRequest {
+        name: name.into(),
+        unique_key: key.into(),
+        limit,
+        duration_ms: Some(duration_ms),
+        ..Default::default()
+    }
+}
+
+pub fn policy(name: &str, key: &str, policy: &str) -> pb::RateLimitRequest {
+    pb::RateLimitRequest {
+        name: name.into(),
+        unique_key: key.into(),
+        policy: Some(policy.into()),
+        ..Default::default()
+    }
+}
+
+pub fn under(r: &pb::RateLimitResponse) -> bool {
+    r.error.is_none() && r.status == pb::Status::UnderLimit as i32
+}
+
+/// Await `cond` until it holds or the deadline passes.
+pub async fn eventually<F, Fut>(what: &str, deadline: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let until = Instant::now() + deadline;
+    loop {
+        if cond().await {
+            return;
+        }
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
