@@ -6,6 +6,7 @@
 pub mod algorithm;
 pub mod cli;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod limiter;
 pub mod metrics;
