@@ -15,6 +15,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ],
             &["proto"],
         )?;
+    // The peer protocol is not for apps: compiled apart, so reflection
+    // (which serves the descriptor set above) does not advertise it.
+    tonic_prost_build::configure()
+        .compile_protos(&["proto/sluice/peer/v1/peer.proto"], &["proto"])?;
     println!("cargo:rerun-if-changed=proto");
     Ok(())
 }

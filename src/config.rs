@@ -38,6 +38,7 @@ pub struct Config {
     pub http_addr: SocketAddr,
     pub log_format: LogFormat,
     pub limits: Limits,
+    pub cluster: ClusterConfig,
     /// Named limits, `[policies.NAME]`.
     pub policies: BTreeMap<String, PolicyConfig>,
 }
@@ -62,6 +63,96 @@ pub struct Limits {
     /// Distinct `name`/`policy` label values in metrics (names come from
     /// clients); the rest are counted under `_other`.
     pub max_metric_names: usize,
+}
+
+/// Membership and forwarding. With no `seeds`, the node is a healthy
+/// one-node cluster.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Nodes with another cluster id ignore each other.
+    pub cluster_id: String,
+    /// UDP gossip listen address.
+    pub gossip_addr: SocketAddr,
+    /// The address (IP or host name) peers use to reach this node, for both
+    /// gossip and gRPC. Default: the listen address when it is a specific
+    /// IP, else 127.0.0.1 (fine for one node; set it — e.g. to the pod IP —
+    /// for a real cluster).
+    pub advertise_host: Option<String>,
+    /// Other nodes' gossip addresses, host:port; DNS names are re-resolved
+    /// (in Kubernetes, a headless Service name).
+    pub seeds: Vec<String>,
+    /// The shared secret: gossip datagrams and peer calls carry an HMAC over
+    /// it. Prefer `secret_file` (or `SLUICE_CLUSTER__SECRET`) to a literal.
+    pub secret: Option<String>,
+    pub secret_file: Option<PathBuf>,
+    /// This run's generation (a restart is a new one). Default: boot time in ms.
+    pub generation: Option<u64>,
+    #[serde(with = "humantime_serde_compat")]
+    pub gossip_interval: Duration,
+    /// How many mean heartbeat intervals of silence mark a member dead.
+    pub phi_threshold: f64,
+    /// How long a dead member is remembered in the cluster size `N`.
+    #[serde(with = "humantime_serde_compat")]
+    pub dead_grace: Duration,
+    /// A forward's whole budget, queueing included (Envoy gives a rate-limit
+    /// call 20 ms in all).
+    #[serde(with = "humantime_serde_compat")]
+    pub forward_timeout: Duration,
+    pub batch_max_items: usize,
+    #[serde(with = "humantime_serde_compat")]
+    pub batch_wait: Duration,
+    /// Items queued per peer before forwards fail fast.
+    pub peer_queue: usize,
+    /// Forward RPCs in flight per peer.
+    pub peer_in_flight: usize,
+    /// After announcing `leaving`, keep answering this long before stopping.
+    #[serde(with = "humantime_serde_compat")]
+    pub leave_grace: Duration,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            cluster_id: "sluice".into(),
+            gossip_addr: "0.0.0.0:7946".parse().expect("valid literal"),
+            advertise_host: None,
+            seeds: Vec::new(),
+            secret: None,
+            secret_file: None,
+            generation: None,
+            gossip_interval: Duration::from_millis(200),
+            phi_threshold: 10.0,
+            dead_grace: Duration::from_secs(3_600),
+            forward_timeout: Duration::from_millis(10),
+            batch_max_items: 256,
+            batch_wait: Duration::from_micros(500),
+            peer_queue: 10_000,
+            peer_in_flight: 16,
+            leave_grace: Duration::from_millis(500),
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// The secret's bytes, from the literal or the file.
+    pub fn secret_bytes(&self) -> Result<Option<Vec<u8>>, ConfigError> {
+        if let Some(path) = &self.secret_file {
+            let s = std::fs::read(path).map_err(|e| {
+                ConfigError(format!(
+                    "cluster.secret_file: cannot read {}: {e}",
+                    path.display()
+                ))
+            })?;
+            let trimmed = s.trim_ascii().to_vec();
+            return Ok((!trimmed.is_empty()).then_some(trimmed));
+        }
+        Ok(self
+            .secret
+            .as_ref()
+            .filter(|s| !s.is_empty())
+            .map(|s| s.as_bytes().to_vec()))
+    }
 }
 
 /// A named limit in the config file.
@@ -89,6 +180,7 @@ impl Default for Config {
             http_addr: "0.0.0.0:8080".parse().expect("valid literal"),
             log_format: LogFormat::Text,
             limits: Limits::default(),
+            cluster: ClusterConfig::default(),
             policies: BTreeMap::new(),
         }
     }
@@ -177,6 +269,37 @@ impl Config {
         if self.node_id.is_empty() {
             return Err(ConfigError("node_id: must not be empty".into()));
         }
+        let c = &self.cluster;
+        if c.secret.is_some() && c.secret_file.is_some() {
+            return Err(ConfigError(
+                "cluster.secret: set secret or secret_file, not both".into(),
+            ));
+        }
+        if c.gossip_interval.is_zero() {
+            return Err(ConfigError(
+                "cluster.gossip_interval: must be greater than zero".into(),
+            ));
+        }
+        if c.forward_timeout.is_zero() {
+            return Err(ConfigError(
+                "cluster.forward_timeout: must be greater than zero".into(),
+            ));
+        }
+        if !c.phi_threshold.is_finite() || c.phi_threshold <= 0.0 {
+            return Err(ConfigError(
+                "cluster.phi_threshold: must be greater than zero".into(),
+            ));
+        }
+        for (key, v) in [
+            ("cluster.batch_max_items", c.batch_max_items),
+            ("cluster.peer_queue", c.peer_queue),
+            ("cluster.peer_in_flight", c.peer_in_flight),
+        ] {
+            if v == 0 {
+                return Err(ConfigError(format!("{key}: must be greater than zero")));
+            }
+        }
+        c.secret_bytes()?;
         Ok(())
     }
 }

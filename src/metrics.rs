@@ -14,7 +14,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -130,6 +130,102 @@ impl Collector for StoreCollector {
     }
 }
 
+/// Forwarding and membership.
+#[derive(Debug)]
+pub struct ClusterMetrics {
+    /// Items sent to owners.
+    pub forwarded_items: Counter,
+    /// Items per forward RPC.
+    pub batch_size: Histogram,
+    /// Seconds per forward RPC.
+    pub forward_latency: Histogram,
+    /// Failed forwards by peer and kind (timeout, rpc, queue_full, protocol).
+    pub errors: Family<Vec<(&'static str, String)>, Counter>,
+    /// Redirects answered by this node (rings briefly disagreeing).
+    pub redirects: Counter,
+    /// Live members by lifecycle state.
+    pub members: Family<Vec<(&'static str, &'static str)>, Gauge>,
+    /// The ring epoch (low 63 bits), to compare across nodes.
+    pub ring_epoch: Gauge,
+    /// `N`, the cluster size that sizes shares.
+    pub size: Gauge,
+}
+
+impl ClusterMetrics {
+    fn new() -> ClusterMetrics {
+        ClusterMetrics {
+            forwarded_items: Counter::default(),
+            batch_size: Histogram::new([1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0]),
+            forward_latency: Histogram::new([
+                50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3,
+            ]),
+            errors: Family::default(),
+            redirects: Counter::default(),
+            members: Family::default(),
+            ring_epoch: Gauge::default(),
+            size: Gauge::default(),
+        }
+    }
+
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "sluice_forwarded_items",
+            "Items forwarded to their owner",
+            self.forwarded_items.clone(),
+        );
+        registry.register(
+            "sluice_forward_batch_size",
+            "Items per forward RPC",
+            self.batch_size.clone(),
+        );
+        registry.register(
+            "sluice_forward_duration_seconds",
+            "Time per forward RPC",
+            self.forward_latency.clone(),
+        );
+        registry.register(
+            "sluice_forward_errors",
+            "Failed forwards, by peer and kind",
+            self.errors.clone(),
+        );
+        registry.register(
+            "sluice_redirects",
+            "Forwarded items redirected to their owner",
+            self.redirects.clone(),
+        );
+        registry.register(
+            "sluice_cluster_members",
+            "Live members by state",
+            self.members.clone(),
+        );
+        registry.register(
+            "sluice_ring_epoch",
+            "The ring epoch (low 63 bits)",
+            self.ring_epoch.clone(),
+        );
+        registry.register(
+            "sluice_cluster_size",
+            "N, the cluster size that sizes shares",
+            self.size.clone(),
+        );
+    }
+
+    pub fn forwarded(&self, items: usize, took: std::time::Duration) {
+        self.forwarded_items.inc_by(items as u64);
+        self.batch_size.observe(items as f64);
+        self.forward_latency.observe(took.as_secs_f64());
+    }
+
+    pub fn forward_error(&self, peer: &str, kind: &'static str) {
+        self.errors
+            .get_or_create(&vec![
+                ("peer", peer.to_string()),
+                ("kind", kind.to_string()),
+            ])
+            .inc();
+    }
+}
+
 /// Every metric of a node.
 #[derive(Debug)]
 pub struct Metrics {
@@ -141,6 +237,7 @@ pub struct Metrics {
     pub invalid: Family<Vec<(&'static str, &'static str)>, Counter>,
     /// Config reloads by result (ok / error).
     pub reloads: Family<Vec<(&'static str, &'static str)>, Counter>,
+    pub cluster: Arc<ClusterMetrics>,
 }
 
 impl Metrics {
@@ -170,12 +267,15 @@ impl Metrics {
             "Config file reloads, by result",
             reloads.clone(),
         );
+        let cluster = Arc::new(ClusterMetrics::new());
+        cluster.register(&mut registry);
         Metrics {
             registry,
             decisions,
             check_latency,
             invalid,
             reloads,
+            cluster,
         }
     }
 

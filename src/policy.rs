@@ -23,6 +23,9 @@ pub struct Policy {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Policies {
     by_name: HashMap<String, Policy>,
+    /// A hash of the policy config, gossiped so that drift between nodes is
+    /// visible.
+    hash: u64,
 }
 
 impl Policies {
@@ -36,7 +39,16 @@ impl Policies {
                 .map_err(|(field, msg)| ConfigError(format!("policies.{name}.{field}: {msg}")))?;
             by_name.insert(name.clone(), policy);
         }
-        Ok(Policies { by_name })
+        let text = toml::to_string(&config.policies).unwrap_or_default();
+        Ok(Policies {
+            by_name,
+            hash: xxhash_rust::xxh3::xxh3_64(text.as_bytes()),
+        })
+    }
+
+    /// The policy config's hash, as 16 hex digits.
+    pub fn hash(&self) -> String {
+        format!("{:016x}", self.hash)
     }
 
     pub fn get(&self, name: &str) -> Option<&Policy> {

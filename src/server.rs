@@ -1,32 +1,39 @@
-//! A running node: the gRPC and HTTP servers, the idle-key sweeper and the
-//! config watcher, all stopped by one cancellation token.
+//! A running node: the gRPC and HTTP servers, gossip membership, the ring
+//! follower, the idle-key sweeper and the config watcher, all stopped by one
+//! cancellation token.
 //!
-//! [`Node::start`] binds both ports before returning (so tests can start a
-//! node on port 0 and read the real addresses), and graceful shutdown is
-//! threaded through every task: [`Node::shutdown`] marks the node not ready,
-//! stops accepting, lets in-flight calls finish, and [`Node::wait`] returns
-//! once every task has ended.
+//! [`Node::start`] binds every port before returning (so tests can start
+//! nodes on port 0 and read the real addresses) and joins the cluster as
+//! `ready` once it serves. [`Node::leave`] is the graceful exit: announce
+//! `leaving` (peers drop this node from their rings at once), keep answering
+//! for `leave_grace`, then stop. [`Node::kill`] stops without a word, as a
+//! crash would.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::algorithm::Bounds;
 use crate::clock::SharedClock;
-use crate::config::{Config, Sources};
+use crate::cluster::auth::Secret;
+use crate::cluster::membership::{ClusterView, Lifecycle, Membership, MembershipConfig};
+use crate::cluster::peers::{ForwardSettings, Peers};
+use crate::config::{Config, ConfigError, Sources};
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
 use crate::policy::Policies;
 use crate::proto::FILE_DESCRIPTOR_SET;
+use crate::proto::peer::peer_server::PeerServer;
 use crate::proto::v1::admin_server::AdminServer;
 use crate::proto::v1::rate_limiter_server::RateLimiterServer;
-use crate::service::{admin::AdminService, http, v1::RateLimiterService};
+use crate::service::{admin::AdminService, http, peer::PeerService, v1::RateLimiterService};
 use crate::store::Store;
 
 /// Why a node could not start.
@@ -38,20 +45,33 @@ pub enum StartError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    #[error("cluster.advertise_host {host:?}: {reason}")]
+    Advertise { host: String, reason: String },
     #[error("gRPC reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("config watcher: {0}")]
     Watch(#[from] notify::Error),
+    #[error("{0}")]
+    Membership(#[from] crate::cluster::membership::MembershipError),
 }
 
 /// A started node.
 pub struct Node {
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
+    pub gossip_addr: SocketAddr,
     pub limiter: Limiter,
+    pub membership: Membership,
     ready: Arc<AtomicBool>,
+    leave_grace: Duration,
     shutdown: CancellationToken,
     tasks: JoinSet<()>,
+}
+
+fn bind_error(what: &'static str, addr: SocketAddr) -> impl FnOnce(std::io::Error) -> StartError {
+    move |source| StartError::Bind { what, addr, source }
 }
 
 impl Node {
@@ -63,35 +83,102 @@ impl Node {
         sources: Option<Sources>,
         clock: SharedClock,
     ) -> Result<Node, StartError> {
+        let cluster = &config.cluster;
+        let secret = Secret::new(cluster.secret_bytes()?.as_deref());
+        if !secret.is_set() {
+            tracing::warn!(
+                "no cluster secret: gossip and peer calls are not authenticated (set cluster.secret_file)"
+            );
+        }
         let store = Arc::new(Store::new(config.limits.max_keys));
         let metrics = Arc::new(Metrics::new(store.clone(), config.limits.max_metric_names));
-        let limiter = Limiter::new(&config.node_id, store, policies, clock, metrics);
+        let peers = Peers::new(
+            &config.node_id,
+            secret.clone(),
+            ForwardSettings {
+                timeout: cluster.forward_timeout,
+                batch_max_items: cluster.batch_max_items,
+                batch_wait: cluster.batch_wait,
+                queue: cluster.peer_queue,
+                in_flight: cluster.peer_in_flight,
+            },
+            metrics.cluster.clone(),
+        );
+        let policy_hash = policies.hash();
+        let limiter = Limiter::new(
+            &config.node_id,
+            store,
+            policies,
+            clock,
+            metrics,
+            Some(peers),
+        );
         let shutdown = CancellationToken::new();
         let ready = Arc::new(AtomicBool::new(false));
         let mut tasks = JoinSet::new();
 
-        let bind = |what, addr| async move {
-            TcpListener::bind(addr)
-                .await
-                .map_err(|source| StartError::Bind { what, addr, source })
-        };
-        let grpc = bind("gRPC", config.grpc_addr).await?;
-        let http = bind("HTTP admin", config.http_addr).await?;
-        let grpc_addr = grpc.local_addr().map_err(|source| StartError::Bind {
-            what: "gRPC",
-            addr: config.grpc_addr,
-            source,
-        })?;
-        let http_addr = http.local_addr().map_err(|source| StartError::Bind {
-            what: "HTTP admin",
-            addr: config.http_addr,
-            source,
-        })?;
+        let grpc = TcpListener::bind(config.grpc_addr)
+            .await
+            .map_err(bind_error("gRPC", config.grpc_addr))?;
+        let http = TcpListener::bind(config.http_addr)
+            .await
+            .map_err(bind_error("HTTP admin", config.http_addr))?;
+        let gossip = std::net::UdpSocket::bind(cluster.gossip_addr)
+            .and_then(|s| s.set_nonblocking(true).map(|()| s))
+            .map_err(bind_error("gossip", cluster.gossip_addr))?;
+        let grpc_addr = grpc
+            .local_addr()
+            .map_err(bind_error("gRPC", config.grpc_addr))?;
+        let http_addr = http
+            .local_addr()
+            .map_err(bind_error("HTTP admin", config.http_addr))?;
+        let gossip_addr = gossip
+            .local_addr()
+            .map_err(bind_error("gossip", cluster.gossip_addr))?;
 
+        let host = advertise_host(cluster.advertise_host.as_deref(), grpc_addr.ip());
+        let gossip_advertise = resolve(&host, gossip_addr.port()).await?;
+        let grpc_advertise = format!("{host}:{}", grpc_addr.port());
+        if !cluster.seeds.is_empty()
+            && gossip_advertise.ip().is_loopback()
+            && cluster.advertise_host.is_none()
+        {
+            tracing::warn!("advertising a loopback address to seeds; set cluster.advertise_host");
+        }
+        let membership = Membership::start(MembershipConfig {
+            cluster_id: cluster.cluster_id.clone(),
+            node_id: config.node_id.clone(),
+            generation: cluster.generation.unwrap_or_else(boot_millis),
+            gossip_socket: gossip,
+            gossip_advertise,
+            seeds: cluster.seeds.clone(),
+            secret: secret.clone(),
+            gossip_interval: cluster.gossip_interval,
+            phi_threshold: cluster.phi_threshold,
+            dead_grace: cluster.dead_grace,
+            grpc_advertise,
+            policy_hash,
+        })?;
+        tasks.spawn(follow_ring(
+            membership.clone(),
+            limiter.clone(),
+            shutdown.clone(),
+        ));
+
+        let bounds = Bounds {
+            max_log_entries: config.limits.max_log_entries,
+        };
+        let peer = PeerService::new(
+            limiter.clone(),
+            secret,
+            bounds,
+            cluster.batch_max_items.max(1_000),
+        );
         tasks.spawn(serve_grpc(
             grpc,
             &config,
             limiter.clone(),
+            peer,
             shutdown.clone(),
         )?);
         let router = http::router(limiter.clone(), ready.clone());
@@ -117,31 +204,102 @@ impl Node {
                 sources,
                 config.clone(),
                 limiter.clone(),
+                membership.clone(),
                 shutdown.clone(),
             )?;
             tasks.spawn(watcher);
         }
+        membership.set_state(Lifecycle::Ready).await;
         ready.store(true, Ordering::SeqCst);
-        tracing::info!(%grpc_addr, %http_addr, node_id = %config.node_id, "serving");
+        tracing::info!(%grpc_addr, %http_addr, %gossip_addr, node_id = %config.node_id, "serving");
         Ok(Node {
             grpc_addr,
             http_addr,
+            gossip_addr,
             limiter,
+            membership,
             ready,
+            leave_grace: cluster.leave_grace,
             shutdown,
             tasks,
         })
     }
 
-    /// Begin a graceful shutdown: not ready, stop accepting, finish in-flight calls.
-    pub fn shutdown(&self) {
+    /// Leave gracefully: announce `leaving`, keep answering for the grace
+    /// period (in-flight forwards finish; peers have dropped this node from
+    /// their rings), then stop everything.
+    pub async fn leave(self) {
         self.ready.store(false, Ordering::SeqCst);
-        self.shutdown.cancel();
+        self.membership.set_state(Lifecycle::Leaving).await;
+        tokio::time::sleep(self.leave_grace).await;
+        self.stop().await;
     }
 
-    /// Wait until every task has stopped (after [`Node::shutdown`]).
-    pub async fn wait(mut self) {
+    /// Stop without announcing anything, as a crash would (peers find out
+    /// from their failure detectors).
+    pub async fn kill(self) {
+        self.ready.store(false, Ordering::SeqCst);
+        self.membership.shutdown();
+        self.stop().await;
+    }
+
+    async fn stop(mut self) {
+        self.shutdown.cancel();
         while self.tasks.join_next().await.is_some() {}
+        let membership = self.membership.clone();
+        // Joining the gossip thread blocks: do it off the runtime's workers.
+        let _ = tokio::task::spawn_blocking(move || membership.shutdown()).await;
+    }
+}
+
+/// The host peers use to reach this node.
+fn advertise_host(configured: Option<&str>, listen: IpAddr) -> String {
+    match configured {
+        Some(h) => h.to_string(),
+        None if !listen.is_unspecified() => listen.to_string(),
+        None => "127.0.0.1".to_string(),
+    }
+}
+
+async fn resolve(host: &str, port: u16) -> Result<SocketAddr, StartError> {
+    let error = |reason: String| StartError::Advertise {
+        host: host.to_string(),
+        reason,
+    };
+    tokio::net::lookup_host((host, port))
+        .await
+        .map_err(|e| error(e.to_string()))?
+        .next()
+        .ok_or_else(|| error("resolves to no address".into()))
+}
+
+fn boot_millis() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Apply every new cluster view: the ring to the limiter (and its peers),
+/// the figures to the metrics.
+async fn follow_ring(membership: Membership, limiter: Limiter, token: CancellationToken) {
+    let mut views = membership.watch();
+    loop {
+        let view: Arc<ClusterView> = views.borrow_and_update().clone();
+        limiter.set_ring(view.ring.clone());
+        let m = &limiter.metrics().cluster;
+        for state in [Lifecycle::Joining, Lifecycle::Ready, Lifecycle::Leaving] {
+            let n = view.members.iter().filter(|x| x.state == state).count();
+            m.members
+                .get_or_create(&vec![("state", state.name())])
+                .set(n as i64);
+        }
+        m.ring_epoch.set((view.ring.epoch() >> 1) as i64);
+        m.size.set(view.size as i64);
+        tokio::select! {
+            _ = token.cancelled() => return,
+            changed = views.changed() => if changed.is_err() { return },
+        }
     }
 }
 
@@ -149,6 +307,7 @@ fn serve_grpc(
     listener: TcpListener,
     config: &Config,
     limiter: Limiter,
+    peer: PeerService,
     token: CancellationToken,
 ) -> Result<impl std::future::Future<Output = ()> + use<>, StartError> {
     let max = config.limits.max_message_bytes;
@@ -166,12 +325,15 @@ fn serve_grpc(
     ))
     .max_decoding_message_size(max);
     let admin = AdminServer::new(AdminService::new(limiter)).max_decoding_message_size(max);
+    let peer = PeerServer::new(peer).max_decoding_message_size(max);
     let router = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(v1)
-        .add_service(admin);
+        .add_service(admin)
+        .add_service(peer);
     Ok(async move {
         health
             .set_serving::<RateLimiterServer<RateLimiterService>>()
@@ -220,6 +382,7 @@ fn watch_config(
     sources: Sources,
     running: Config,
     limiter: Limiter,
+    membership: Membership,
     token: CancellationToken,
 ) -> Result<impl std::future::Future<Output = ()>, StartError> {
     use notify::{RecursiveMode, Watcher};
@@ -258,17 +421,21 @@ fn watch_config(
                     // Let a burst of events from one save settle into one reload.
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     while rx.try_recv().is_ok() {}
-                    reload(&sources, &running, &limiter);
+                    if let Some(hash) = reload(&sources, &running, &limiter) {
+                        membership.set_policy_hash(&hash).await;
+                    }
                 }
             }
         }
     })
 }
 
-fn reload(sources: &Sources, running: &Config, limiter: &Limiter) {
+/// Reload; the new policy hash on success.
+fn reload(sources: &Sources, running: &Config, limiter: &Limiter) -> Option<String> {
     match sources.load() {
         Ok((config, policies)) => {
             let count = policies.len();
+            let hash = policies.hash();
             limiter.set_policies(policies);
             limiter.metrics().reloaded(true);
             let mut rest = config.clone();
@@ -277,10 +444,12 @@ fn reload(sources: &Sources, running: &Config, limiter: &Limiter) {
                 tracing::warn!("config reloaded: policies applied; other changes need a restart");
             }
             tracing::info!(policies = count, "config reloaded");
+            Some(hash)
         }
         Err(e) => {
             limiter.metrics().reloaded(false);
             tracing::error!(error = %e, "config reload refused; the previous config keeps serving");
+            None
         }
     }
 }

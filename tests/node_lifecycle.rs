@@ -109,12 +109,11 @@ async fn a_full_table_evicts_the_key_closest_to_fresh() {
 }
 
 #[tokio::test]
-async fn shutdown_stops_serving_and_ends_every_task() {
+async fn leaving_stops_serving_and_ends_every_task() {
     let n = start(config()).await;
     assert!(under(&n.check(inline("bye", "k", 1, 60_000)).await));
     let (grpc, http) = (n.node.grpc_addr, n.node.http_addr);
-    n.node.shutdown();
-    tokio::time::timeout(WAIT, n.node.wait())
+    tokio::time::timeout(WAIT, n.node.leave())
         .await
         .expect("all tasks end");
     for addr in [grpc, http] {

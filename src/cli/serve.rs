@@ -89,9 +89,8 @@ pub async fn run(args: ServeArgs) -> CliResult {
     )
     .await?;
     shutdown_signal().await;
-    tracing::info!("shutting down");
-    node.shutdown();
-    node.wait().await;
+    tracing::info!("leaving the cluster");
+    node.leave().await;
     tracing::info!("stopped");
     Ok(())
 }

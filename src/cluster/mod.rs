@@ -1,4 +1,8 @@
 //! The cluster: membership by gossip, ownership by a consistent-hash ring,
 //! forwarding to owners.
 
+pub mod auth;
+pub mod membership;
+pub mod peers;
 pub mod ring;
+pub mod wire;

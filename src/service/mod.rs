@@ -8,5 +8,6 @@
 
 pub mod admin;
 pub mod http;
+pub mod peer;
 pub mod v1;
 pub mod wire;

@@ -38,11 +38,15 @@ impl RateLimiter for RateLimiterService {
                 requests.len()
             )));
         }
+        let checks = requests
+            .iter()
+            .map(|r| wire::check_from_wire(r, &self.limits))
+            .collect();
+        let verdicts = self.limiter.check_batch(checks).await;
         let responses = requests
             .into_iter()
-            .map(|r| {
-                let outcome = wire::check_from_wire(&r, &self.limits)
-                    .and_then(|check| self.limiter.check(&check));
+            .zip(verdicts)
+            .map(|(r, outcome)| {
                 let mut response = match outcome {
                     Ok(verdict) => wire::verdict_to_wire(&verdict),
                     Err(e) => {

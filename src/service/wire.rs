@@ -48,6 +48,7 @@ pub fn check_from_wire(r: &pb::RateLimitRequest, limits: &Limits) -> Result<Chec
             drain_over_limit: r.drain_over_limit,
             nodelay: r.nodelay,
         },
+        unbatched: r.skip_batching,
     })
 }
 

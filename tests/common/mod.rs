@@ -26,12 +26,46 @@ pub struct TestNode {
 
 /// A config for tests: loopback, OS-chosen ports.
 pub fn config() -> Config {
-    Config {
+    let mut c = Config {
         node_id: "test-node".into(),
         grpc_addr: "127.0.0.1:0".parse().unwrap(),
         http_addr: "127.0.0.1:0".parse().unwrap(),
         ..Config::default()
+    };
+    c.cluster.gossip_addr = "127.0.0.1:0".parse().unwrap();
+    c.cluster.gossip_interval = Duration::from_millis(50);
+    c.cluster.leave_grace = Duration::from_millis(100);
+    // Generous: tests share two cores with everything else.
+    c.cluster.forward_timeout = Duration::from_secs(2);
+    c
+}
+
+/// Start `n` nodes on loopback that form one cluster (node-0 seeds the
+/// rest), with `tweak` applied to each config, and wait until every node's
+/// ring holds all of them.
+pub async fn cluster(n: usize, tweak: impl Fn(&mut Config)) -> Vec<TestNode> {
+    let mut nodes: Vec<TestNode> = Vec::new();
+    for i in 0..n {
+        let mut c = config();
+        c.node_id = format!("node-{i}");
+        c.cluster.secret = Some("test-secret".into());
+        if let Some(first) = nodes.first() {
+            c.cluster.seeds = vec![first.node.gossip_addr.to_string()];
+        }
+        tweak(&mut c);
+        nodes.push(start(c).await);
     }
+    eventually(
+        "every ring to hold every node",
+        Duration::from_secs(20),
+        || async {
+            nodes
+                .iter()
+                .all(|t| t.node.limiter.ring().members().len() == n)
+        },
+    )
+    .await;
+    nodes
 }
 
 pub async fn start(config: Config) -> TestNode {

@@ -1,0 +1,334 @@
+//! One gRPC client per peer, each with a micro-batcher.
+//!
+//! Items for a peer queue up (bounded); a batch leaves when it is full or
+//! `batch_wait` after its first item, whichever comes first, and one RPC
+//! carries it. Forwards are at most once: an RPC that may have reached the
+//! owner is never retried — a failure is reported to every item of the
+//! batch, and the edge decides what to do (DESIGN §4). Connections are
+//! opened lazily, reused, and dropped when the peer leaves the ring.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, Endpoint};
+
+use super::auth::{Secret, TOKEN_HEADER};
+use super::ring::Ring;
+use crate::metrics::ClusterMetrics;
+use crate::proto::PEER_PROTOCOL_VERSION;
+use crate::proto::peer as pb;
+use crate::proto::peer::peer_client::PeerClient;
+
+/// How forwards behave.
+#[derive(Clone, Debug)]
+pub struct ForwardSettings {
+    /// The whole forward, queueing included; items carry it as a deadline.
+    pub timeout: Duration,
+    pub batch_max_items: usize,
+    pub batch_wait: Duration,
+    /// Items waiting per peer; beyond it a forward fails at once.
+    pub queue: usize,
+    /// RPCs in flight per peer.
+    pub in_flight: usize,
+}
+
+/// Why a forward produced no answer.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ForwardError {
+    #[error("peer {0} is not in the ring")]
+    UnknownPeer(String),
+    #[error("queue to peer {0} is full")]
+    QueueFull(String),
+    #[error("peer {peer} did not answer: {reason}")]
+    Unreachable { peer: String, reason: String },
+}
+
+type Reply = oneshot::Sender<Result<pb::ForwardResult, ForwardError>>;
+
+struct Pending {
+    item: pb::ForwardItem,
+    reply: Reply,
+}
+
+/// A peer's client and batcher.
+struct Peer {
+    node_id: Arc<str>,
+    addr: String,
+    queue: mpsc::Sender<Pending>,
+    client: PeerClient<Channel>,
+    stop: CancellationToken,
+}
+
+/// Everything a batch needs to be sent, shared by a peer's tasks.
+#[derive(Clone)]
+struct Sender {
+    node_id: Arc<str>,
+    self_id: Arc<str>,
+    client: PeerClient<Channel>,
+    secret: Secret,
+    epoch: Arc<AtomicU64>,
+    timeout: Duration,
+    metrics: Arc<ClusterMetrics>,
+}
+
+/// The set of peer clients; cheap to clone.
+#[derive(Clone)]
+pub struct Peers {
+    inner: Arc<PeersInner>,
+}
+
+struct PeersInner {
+    self_id: Arc<str>,
+    secret: Secret,
+    settings: ForwardSettings,
+    epoch: Arc<AtomicU64>,
+    metrics: Arc<ClusterMetrics>,
+    /// A std Mutex: held to look up or swap a client, never across an await.
+    peers: Mutex<HashMap<Arc<str>, Arc<Peer>>>,
+}
+
+impl Peers {
+    pub fn new(
+        self_id: &str,
+        secret: Secret,
+        settings: ForwardSettings,
+        metrics: Arc<ClusterMetrics>,
+    ) -> Peers {
+        Peers {
+            inner: Arc::new(PeersInner {
+                self_id: Arc::from(self_id),
+                secret,
+                settings,
+                epoch: Arc::new(AtomicU64::new(0)),
+                metrics,
+                peers: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    pub fn settings(&self) -> &ForwardSettings {
+        &self.inner.settings
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Arc<Peer>>> {
+        self.inner.peers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Follow a new ring: clients for new members, closed for departed ones
+    /// (or for a member that now listens elsewhere).
+    pub fn sync(&self, ring: &Ring) {
+        self.inner.epoch.store(ring.epoch(), Ordering::Relaxed);
+        let mut peers = self.lock();
+        peers.retain(|id, p| {
+            let keep = ring.member(id).is_some_and(|m| m.grpc_addr == p.addr);
+            if !keep {
+                p.stop.cancel();
+            }
+            keep
+        });
+        for m in ring.members() {
+            if m.node_id == self.inner.self_id || peers.contains_key(&m.node_id) {
+                continue;
+            }
+            match self.spawn(&m.node_id, &m.grpc_addr) {
+                Ok(peer) => {
+                    peers.insert(m.node_id.clone(), peer);
+                }
+                Err(e) => {
+                    tracing::warn!(peer = %m.node_id, addr = %m.grpc_addr, error = %e, "bad peer address")
+                }
+            }
+        }
+    }
+
+    fn spawn(&self, node_id: &Arc<str>, addr: &str) -> Result<Arc<Peer>, tonic::transport::Error> {
+        let settings = &self.inner.settings;
+        let channel = Endpoint::from_shared(format!("http://{addr}"))?
+            .connect_timeout(settings.timeout.max(Duration::from_millis(100)))
+            .tcp_nodelay(true)
+            .connect_lazy();
+        let client = PeerClient::new(channel);
+        let (queue, rx) = mpsc::channel(settings.queue.max(1));
+        let stop = CancellationToken::new();
+        let sender = Sender {
+            node_id: node_id.clone(),
+            self_id: self.inner.self_id.clone(),
+            client: client.clone(),
+            secret: self.inner.secret.clone(),
+            epoch: self.inner.epoch.clone(),
+            timeout: settings.timeout,
+            metrics: self.inner.metrics.clone(),
+        };
+        tokio::spawn(batch_loop(rx, sender, settings.clone(), stop.clone()));
+        Ok(Arc::new(Peer {
+            node_id: node_id.clone(),
+            addr: addr.to_string(),
+            queue,
+            client,
+            stop,
+        }))
+    }
+
+    /// Forward one item to `node_id`, batched with others unless `unbatched`.
+    pub async fn forward(
+        &self,
+        node_id: &str,
+        item: pb::ForwardItem,
+        unbatched: bool,
+    ) -> Result<pb::ForwardResult, ForwardError> {
+        let peer = self
+            .lock()
+            .get(node_id)
+            .cloned()
+            .ok_or_else(|| ForwardError::UnknownPeer(node_id.to_string()))?;
+        if unbatched {
+            let sender = Sender {
+                node_id: peer.node_id.clone(),
+                self_id: self.inner.self_id.clone(),
+                client: peer.client.clone(),
+                secret: self.inner.secret.clone(),
+                epoch: self.inner.epoch.clone(),
+                timeout: self.inner.settings.timeout,
+                metrics: self.inner.metrics.clone(),
+            };
+            return sender.send(vec![item]).await.map(|mut r| r.remove(0));
+        }
+        let (reply, answer) = oneshot::channel();
+        peer.queue.try_send(Pending { item, reply }).map_err(|_| {
+            self.inner
+                .metrics
+                .forward_error(&peer.node_id, "queue_full");
+            ForwardError::QueueFull(node_id.to_string())
+        })?;
+        answer.await.unwrap_or_else(|_| {
+            Err(ForwardError::Unreachable {
+                peer: node_id.to_string(),
+                reason: "the peer was removed".into(),
+            })
+        })
+    }
+}
+
+impl Drop for PeersInner {
+    fn drop(&mut self) {
+        if let Ok(peers) = self.peers.lock() {
+            for p in peers.values() {
+                p.stop.cancel();
+            }
+        }
+    }
+}
+
+/// Collect items into batches and send them, a bounded number at a time.
+async fn batch_loop(
+    mut rx: mpsc::Receiver<Pending>,
+    sender: Sender,
+    settings: ForwardSettings,
+    stop: CancellationToken,
+) {
+    let in_flight = Arc::new(Semaphore::new(settings.in_flight.max(1)));
+    let max = settings.batch_max_items.max(1);
+    loop {
+        let first = tokio::select! {
+            _ = stop.cancelled() => break,
+            first = rx.recv() => match first { Some(p) => p, None => break },
+        };
+        let mut batch = Vec::with_capacity(max.min(64));
+        batch.push(first);
+        let leave_at = tokio::time::Instant::now() + settings.batch_wait;
+        while batch.len() < max {
+            tokio::select! {
+                biased;
+                next = rx.recv() => match next { Some(p) => batch.push(p), None => break },
+                _ = tokio::time::sleep_until(leave_at) => break,
+            }
+        }
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            break;
+        };
+        let sender = sender.clone();
+        tokio::spawn(async move {
+            let (items, replies): (Vec<_>, Vec<_>) =
+                batch.into_iter().map(|p| (p.item, p.reply)).unzip();
+            let outcome = sender.send(items).await;
+            drop(permit);
+            match outcome {
+                Ok(results) => {
+                    for (reply, r) in replies.into_iter().zip(results) {
+                        let _ = reply.send(Ok(r));
+                    }
+                }
+                Err(e) => {
+                    for reply in replies {
+                        let _ = reply.send(Err(e.clone()));
+                    }
+                }
+            }
+        });
+    }
+    // Pending items get an answer: the peer left.
+    rx.close();
+    while let Ok(p) = rx.try_recv() {
+        let _ = p.reply.send(Err(ForwardError::Unreachable {
+            peer: sender.node_id.to_string(),
+            reason: "the peer left the ring".into(),
+        }));
+    }
+}
+
+impl Sender {
+    /// One RPC for `items`; never retried (at most once).
+    async fn send(
+        &self,
+        items: Vec<pb::ForwardItem>,
+    ) -> Result<Vec<pb::ForwardResult>, ForwardError> {
+        let n = items.len();
+        let started = Instant::now();
+        let mut request = tonic::Request::new(pb::ForwardRequest {
+            protocol_version: PEER_PROTOCOL_VERSION,
+            ring_epoch: self.epoch.load(Ordering::Relaxed),
+            from_node: self.self_id.to_string(),
+            items,
+        });
+        request.set_timeout(self.timeout);
+        if let Some(token) = self.secret.peer_token(&self.self_id)
+            && let Ok(value) = token.parse()
+        {
+            request.metadata_mut().insert(TOKEN_HEADER, value);
+        }
+        let unreachable = |reason: String| ForwardError::Unreachable {
+            peer: self.node_id.to_string(),
+            reason,
+        };
+        let outcome =
+            tokio::time::timeout(self.timeout, self.client.clone().forward(request)).await;
+        self.metrics.forwarded(n, started.elapsed());
+        let response = match outcome {
+            Err(_) => {
+                self.metrics.forward_error(&self.node_id, "timeout");
+                return Err(unreachable("deadline exceeded".into()));
+            }
+            Ok(Err(status)) => {
+                self.metrics.forward_error(&self.node_id, "rpc");
+                return Err(unreachable(format!(
+                    "{}: {}",
+                    status.code(),
+                    status.message()
+                )));
+            }
+            Ok(Ok(r)) => r.into_inner(),
+        };
+        if response.results.len() != n {
+            self.metrics.forward_error(&self.node_id, "protocol");
+            return Err(unreachable(format!(
+                "answered {} results for {n} items",
+                response.results.len()
+            )));
+        }
+        Ok(response.results)
+    }
+}

@@ -1,0 +1,110 @@
+//! `sluice.peer.v1.Peer`: the owner's side of a forward. Authenticated when a
+//! cluster secret is set; converts, asks the limiter, converts back.
+
+use tonic::{Request, Response, Status};
+
+use crate::algorithm::{Bounds, Request as Cost};
+use crate::cluster::auth::{Secret, TOKEN_HEADER};
+use crate::cluster::wire;
+use crate::limiter::{Check, Forwarded, LimitRef, Limiter};
+use crate::proto::PEER_PROTOCOL_VERSION;
+use crate::proto::peer as pb;
+use crate::proto::peer::peer_server::Peer;
+
+pub struct PeerService {
+    limiter: Limiter,
+    secret: Secret,
+    bounds: Bounds,
+    max_items: usize,
+}
+
+impl PeerService {
+    pub fn new(limiter: Limiter, secret: Secret, bounds: Bounds, max_items: usize) -> PeerService {
+        PeerService {
+            limiter,
+            secret,
+            bounds,
+            max_items,
+        }
+    }
+
+    fn answer(&self, item: &pb::ForwardItem) -> pb::forward_result::Result {
+        use pb::forward_result::Result as R;
+        let spec = match item
+            .limit
+            .as_ref()
+            .map(|l| wire::limit_from_wire(l, &self.bounds))
+        {
+            Some(Ok(spec)) => spec,
+            Some(Err(e)) => return R::Error(e),
+            None => return R::Error("limit: required".into()),
+        };
+        if item.name.is_empty() || item.unique_key.is_empty() {
+            return R::Error("name and unique_key must not be empty".into());
+        }
+        let check = Check {
+            name: item.name.clone(),
+            unique_key: item.unique_key.clone(),
+            limit: LimitRef::Inline(spec),
+            request: Cost {
+                hits: item.hits,
+                drain_over_limit: item.drain_over_limit,
+                nodelay: item.nodelay,
+            },
+            unbatched: false,
+        };
+        match self
+            .limiter
+            .decide_forwarded(&check, &spec, item.redirected, item.deadline_ns)
+        {
+            Forwarded::Decided(d) => {
+                R::Decision(wire::decision_to_wire(&d, self.limiter.node_id()))
+            }
+            Forwarded::Redirect(node_id) => R::Redirect(pb::Redirect {
+                node_id: node_id.to_string(),
+            }),
+            Forwarded::Expired => R::Expired(pb::Expired {}),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Peer for PeerService {
+    async fn forward(
+        &self,
+        request: Request<pb::ForwardRequest>,
+    ) -> Result<Response<pb::ForwardResponse>, Status> {
+        let token = request
+            .metadata()
+            .get(TOKEN_HEADER)
+            .and_then(|v| v.to_str().ok());
+        if let Err(why) = self.secret.check_peer_token(token) {
+            return Err(Status::unauthenticated(format!("peer call refused: {why}")));
+        }
+        let r = request.into_inner();
+        if r.protocol_version.abs_diff(PEER_PROTOCOL_VERSION) > 1 {
+            return Err(Status::failed_precondition(format!(
+                "protocol_version: this node speaks {PEER_PROTOCOL_VERSION}, got {}",
+                r.protocol_version
+            )));
+        }
+        if r.items.len() > self.max_items {
+            return Err(Status::resource_exhausted(format!(
+                "items: at most {} per forward, got {}",
+                self.max_items,
+                r.items.len()
+            )));
+        }
+        let results = r
+            .items
+            .iter()
+            .map(|item| pb::ForwardResult {
+                result: Some(self.answer(item)),
+            })
+            .collect();
+        Ok(Response::new(pb::ForwardResponse {
+            ring_epoch: self.limiter.ring().epoch(),
+            results,
+        }))
+    }
+}

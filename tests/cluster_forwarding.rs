@@ -1,0 +1,238 @@
+//! In-process clusters on 127.0.0.1: every key decided by exactly one owner
+//! whichever node is asked, batched forwards, redirects, deadlines, and
+//! refused unauthenticated peer calls.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{cluster, eventually, inline, under};
+use sluice::proto::peer as peer_pb;
+use sluice::proto::peer::peer_client::PeerClient;
+use sluice::proto::v1 as pb;
+use sluice::store::key;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_key_through_every_node_admits_exactly_its_limit() {
+    let nodes = cluster(3, |_| {}).await;
+    let mut admitted = 0;
+    let mut owners = std::collections::BTreeSet::new();
+    for i in 0..300 {
+        let r = nodes[i % 3]
+            .check(inline("api", "hot-key", 100, 60_000))
+            .await;
+        assert!(r.error.is_none(), "{r:?}");
+        assert!(!r.approximate, "an exact count never answers approximately");
+        assert_ne!(r.status, pb::Status::Unavailable as i32, "{r:?}");
+        admitted += usize::from(under(&r));
+        owners.insert(r.owner);
+    }
+    assert_eq!(admitted, 100);
+    assert_eq!(owners.len(), 1, "one owner decides the key: {owners:?}");
+    let owner = owners.into_iter().next().unwrap();
+    let k = key::encode("api", "hot-key");
+    for n in &nodes {
+        assert_eq!(
+            &*n.node.limiter.ring().owner(&k).unwrap().node_id,
+            owner.as_str()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_thousand_keys_each_admit_exactly_their_limit_in_batches() {
+    let nodes = cluster(3, |_| {}).await;
+    // Every node sends, concurrently, 8 checks for each of 1,000 keys with
+    // limit 5, in Check calls of 100 items: forwards batch across calls.
+    let mut tasks = Vec::new();
+    for node in &nodes {
+        for _ in 0..8 {
+            let client = node.client();
+            tasks.push(tokio::spawn(async move {
+                let mut client = client;
+                let mut answers = Vec::new();
+                for chunk in 0..10 {
+                    let requests = (0..100)
+                        .map(|i| inline("many", &format!("k{}", chunk * 100 + i), 5, 60_000))
+                        .collect();
+                    let r = client
+                        .check(pb::CheckRequest { requests })
+                        .await
+                        .unwrap()
+                        .into_inner();
+                    for (i, a) in r.responses.into_iter().enumerate() {
+                        answers.push((chunk * 100 + i, a));
+                    }
+                }
+                answers
+            }));
+        }
+    }
+    let mut admitted = vec![0; 1_000];
+    for t in tasks {
+        for (k, a) in t.await.unwrap() {
+            assert!(a.error.is_none() && !a.approximate, "{a:?}");
+            assert_ne!(a.status, pb::Status::Unavailable as i32, "{a:?}");
+            admitted[k] += usize::from(under(&a));
+        }
+    }
+    assert!(admitted.iter().all(|&a| a == 5), "{admitted:?}");
+    // Forwards carried many items per RPC.
+    let metrics = nodes[0].http_get("/metrics").await.1;
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let (items, rpcs) = (
+        value("sluice_forward_batch_size_sum"),
+        value("sluice_forward_batch_size_count"),
+    );
+    println!("node-0 forwarded {items} items in {rpcs} RPCs");
+    assert!(
+        rpcs > 0.0 && items / rpcs >= 4.0,
+        "{items} items in {rpcs} RPCs"
+    );
+}
+
+fn forward_item(name: &str, k: &str, redirected: bool, deadline_ns: u64) -> peer_pb::ForwardItem {
+    peer_pb::ForwardItem {
+        name: name.into(),
+        unique_key: k.into(),
+        limit: Some(peer_pb::Limit {
+            algorithm: pb::Algorithm::TokenBucket as i32,
+            limit: 10,
+            duration_ns: 60_000_000_000,
+            ..Default::default()
+        }),
+        hits: 1,
+        redirected,
+        deadline_ns,
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn owners_redirect_once_and_drop_late_items() {
+    let nodes = cluster(3, |_| {}).await;
+    let ring = nodes[0].node.limiter.ring();
+    // A key node-0 does not own.
+    let (k, owner) = (0..)
+        .map(|i| format!("key-{i}"))
+        .map(|k| {
+            let o = ring
+                .owner(&key::encode("r", &k))
+                .unwrap()
+                .node_id
+                .to_string();
+            (k, o)
+        })
+        .find(|(_, o)| o != "node-0")
+        .unwrap();
+    let secret = sluice::cluster::auth::Secret::new(Some(b"test-secret"));
+    let mut client = PeerClient::new(nodes[0].channel.clone());
+    let call = |items| {
+        let mut req = tonic::Request::new(peer_pb::ForwardRequest {
+            protocol_version: sluice::proto::PEER_PROTOCOL_VERSION,
+            from_node: "test".into(),
+            items,
+            ..Default::default()
+        });
+        let token = secret.peer_token("test").unwrap();
+        req.metadata_mut()
+            .insert("x-sluice-peer", token.parse().unwrap());
+        req
+    };
+    let far = u64::MAX;
+    let r = client
+        .forward(call(vec![
+            forward_item("r", &k, false, far),
+            forward_item("r", &k, true, far),
+            forward_item("r", &k, true, 1),
+        ]))
+        .await
+        .unwrap()
+        .into_inner()
+        .results;
+    use peer_pb::forward_result::Result as R;
+    match &r[0].result {
+        Some(R::Redirect(to)) => assert_eq!(to.node_id, owner),
+        other => panic!("expected a redirect, got {other:?}"),
+    }
+    match &r[1].result {
+        Some(R::Decision(d)) => assert_eq!((d.owner.as_str(), d.remaining), ("node-0", 9)),
+        other => panic!("a redirected item is decided, got {other:?}"),
+    }
+    assert!(matches!(r[2].result, Some(R::Expired(_))), "{:?}", r[2]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn peer_calls_without_the_secret_are_refused() {
+    let nodes = cluster(2, |_| {}).await;
+    let mut client = PeerClient::new(nodes[0].channel.clone());
+    let request = || peer_pb::ForwardRequest {
+        protocol_version: sluice::proto::PEER_PROTOCOL_VERSION,
+        items: vec![forward_item("x", "y", true, u64::MAX)],
+        ..Default::default()
+    };
+    let err = client.forward(request()).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
+    let mut forged = tonic::Request::new(request());
+    let token = sluice::cluster::auth::Secret::new(Some(b"guess"))
+        .peer_token("node-1")
+        .unwrap();
+    forged
+        .metadata_mut()
+        .insert("x-sluice-peer", token.parse().unwrap());
+    let err = client.forward(forged).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
+    assert!(
+        nodes[0].node.limiter.store().is_empty(),
+        "nothing was decided"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rings_converge_after_a_leave_and_a_crash() {
+    let mut nodes = cluster(4, |_| {}).await;
+    let gone = nodes.pop().unwrap();
+    gone.node.leave().await;
+    eventually(
+        "node-3 out after its leave",
+        Duration::from_secs(5),
+        || async {
+            nodes
+                .iter()
+                .all(|n| n.node.limiter.ring().members().len() == 3)
+        },
+    )
+    .await;
+    let crashed = nodes.pop().unwrap();
+    crashed.node.kill().await;
+    eventually(
+        "node-2 out after its crash",
+        Duration::from_secs(20),
+        || async {
+            nodes
+                .iter()
+                .all(|n| n.node.limiter.ring().members().len() == 2)
+        },
+    )
+    .await;
+    let epochs: Vec<u64> = nodes
+        .iter()
+        .map(|n| n.node.limiter.ring().epoch())
+        .collect();
+    assert!(epochs.windows(2).all(|w| w[0] == w[1]), "{epochs:?}");
+    // The survivors still enforce one limit together.
+    let mut admitted = 0;
+    for i in 0..20 {
+        admitted += usize::from(under(
+            &nodes[i % 2].check(inline("after", "k", 10, 60_000)).await,
+        ));
+    }
+    assert_eq!(admitted, 10);
+}
