@@ -17,7 +17,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::algorithm::Bounds;
@@ -174,10 +173,12 @@ impl Node {
             bounds,
             cluster.batch_max_items.max(1_000),
         );
+        let admin = AdminService::new(limiter.clone(), membership.clone());
         tasks.spawn(serve_grpc(
             grpc,
             &config,
             limiter.clone(),
+            admin,
             peer,
             shutdown.clone(),
         )?);
@@ -307,6 +308,7 @@ fn serve_grpc(
     listener: TcpListener,
     config: &Config,
     limiter: Limiter,
+    admin: AdminService,
     peer: PeerService,
     token: CancellationToken,
 ) -> Result<impl std::future::Future<Output = ()> + use<>, StartError> {
@@ -324,7 +326,7 @@ fn serve_grpc(
         config.limits.clone(),
     ))
     .max_decoding_message_size(max);
-    let admin = AdminServer::new(AdminService::new(limiter)).max_decoding_message_size(max);
+    let admin = AdminServer::new(admin).max_decoding_message_size(max);
     let peer = PeerServer::new(peer).max_decoding_message_size(max);
     let router = tonic::transport::Server::builder()
         .tcp_nodelay(true)
@@ -341,7 +343,11 @@ fn serve_grpc(
         health
             .set_service_status("", tonic_health::ServingStatus::Serving)
             .await;
-        let incoming = TcpListenerStream::new(listener);
+        // Our own listener (bound early, for port 0): tonic's server-level
+        // TCP options do not reach it, so set no-delay here. Without it,
+        // Nagle and delayed ACKs hold small answers back for up to 40 ms.
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let stopping = token.clone();
         let shutdown = async move {
             stopping.cancelled().await;

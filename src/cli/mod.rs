@@ -1,7 +1,9 @@
 //! The `sluice` command line: `serve`, `check`, `admin`.
 
 mod admin;
+mod bench;
 mod check;
+mod cluster;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -25,6 +27,10 @@ enum Command {
     Check(check::CheckArgs),
     /// Operator commands: reset, inspect, top keys.
     Admin(admin::AdminArgs),
+    /// Cluster commands: status.
+    Cluster(cluster::ClusterArgs),
+    /// Load generator: closed or open loop, percentiles, JSON summary.
+    Bench(bench::BenchArgs),
 }
 
 /// Parse the command line and run it; the process exit code.
@@ -45,6 +51,8 @@ pub fn main() -> std::process::ExitCode {
             Command::Serve(args) => serve::run(args).await,
             Command::Check(args) => check::run(args).await,
             Command::Admin(args) => admin::run(args).await,
+            Command::Cluster(args) => cluster::run(args).await,
+            Command::Bench(args) => bench::run(args).await,
         }
     });
     match result {

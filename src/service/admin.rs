@@ -3,6 +3,7 @@
 use tonic::{Request, Response, Status};
 
 use super::wire;
+use crate::cluster::membership::Membership;
 use crate::limiter::Limiter;
 use crate::proto::v1 as pb;
 use crate::proto::v1::admin_server::Admin;
@@ -10,11 +11,15 @@ use crate::store::{TopBy, View};
 
 pub struct AdminService {
     limiter: Limiter,
+    membership: Membership,
 }
 
 impl AdminService {
-    pub fn new(limiter: Limiter) -> AdminService {
-        AdminService { limiter }
+    pub fn new(limiter: Limiter, membership: Membership) -> AdminService {
+        AdminService {
+            limiter,
+            membership,
+        }
     }
 }
 
@@ -112,5 +117,35 @@ impl Admin for AdminService {
             .map(|(name, unique_key, v)| key_state(pb::KeyRef { name, unique_key }, &v))
             .collect();
         Ok(Response::new(pb::TopKeysResponse { keys }))
+    }
+
+    async fn cluster_status(
+        &self,
+        _request: Request<pb::ClusterStatusRequest>,
+    ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
+        let view = self.membership.view();
+        let shares: std::collections::HashMap<_, _> = view.ring.shares().into_iter().collect();
+        let members = view
+            .members
+            .iter()
+            .map(|m| pb::ClusterMember {
+                node_id: m.node_id.to_string(),
+                generation: m.generation,
+                state: m.state.name().to_string(),
+                grpc_addr: m.grpc_addr.clone(),
+                gossip_addr: m.gossip_addr.to_string(),
+                version: m.version.clone(),
+                protocol: m.protocol,
+                policy_hash: m.policy_hash.clone(),
+                in_ring: view.ring.member(&m.node_id).is_some(),
+                ring_share: shares.get(&m.node_id).copied().unwrap_or(0.0),
+            })
+            .collect();
+        Ok(Response::new(pb::ClusterStatusResponse {
+            self_node_id: view.self_id.to_string(),
+            ring_epoch: view.ring.epoch(),
+            cluster_size: view.size as u32,
+            members,
+        }))
     }
 }

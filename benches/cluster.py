@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Cluster benchmark: server CPU per decision for local and forwarded keys
+(batched and unbatched), and the latency forwarding adds at ~10% of peak.
+
+Three server processes and a load generator on a 2-core machine measure the
+scheduler more than Sluice, so the headline is CPU per decision, from the
+server processes' own accounting (/proc/<pid>/stat), with servers pinned to
+core 0 and the generator to core 1 (taskset).
+
+Usage: benches/cluster.py [--seconds 10]   (needs target/release/sluice)
+"""
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+BIN = os.path.join(os.path.dirname(__file__), "..", "target", "release", "sluice")
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port(kind=socket.SOCK_STREAM):
+    s = socket.socket(socket.AF_INET, kind)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+
+
+class Cluster:
+    def __init__(self, n, pin=True):
+        self.procs, self.grpc = [], []
+        seed = None
+        for i in range(n):
+            grpc = f"127.0.0.1:{free_port()}"
+            gossip = free_port(socket.SOCK_DGRAM)
+            env = dict(os.environ, RUST_LOG="warn",
+                       SLUICE_CLUSTER__GOSSIP_ADDR=f"127.0.0.1:{gossip}",
+                       SLUICE_CLUSTER__SECRET="bench-secret",
+                       SLUICE_CLUSTER__FORWARD_TIMEOUT="200ms")
+            if seed:
+                env["SLUICE_CLUSTER__SEEDS"] = f'["127.0.0.1:{seed}"]'
+            seed = seed or gossip
+            cmd = (["taskset", "-c", "0"] if pin else []) + [
+                BIN, "serve", "--node-id", f"bench-{i}",
+                "--grpc-addr", grpc, "--http-addr", f"127.0.0.1:{free_port()}"]
+            self.procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL))
+            self.grpc.append(grpc)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if all(self.ready(addr, n) for addr in self.grpc):
+                return
+            time.sleep(0.2)
+        sys.exit("cluster did not form")
+
+    def ready(self, addr, n):
+        out = subprocess.run([BIN, "cluster", "status", "--json", "--addr", addr],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            return False
+        return sum(m["in_ring"] for m in json.loads(out.stdout)["members"]) == n
+
+    def in_ring(self, addr):
+        out = subprocess.run([BIN, "cluster", "status", "--json", "--addr", addr],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            return -1
+        return sum(m["in_ring"] for m in json.loads(out.stdout)["members"])
+
+    def cpu(self):
+        return sum(cpu_seconds(p.pid) for p in self.procs)
+
+    def stop(self):
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            p.wait()
+
+
+def bench(cluster, seconds, extra):
+    cmd = ["taskset", "-c", "1", BIN, "bench", "--json", "--addr", cluster.grpc[0],
+           "--duration", f"{seconds}s", "--keys", "100000", "--limit", "1000000"] + extra
+    before = cluster.cpu()
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    used = cluster.cpu() - before
+    result = json.loads(out.stdout)
+    result["server_cpu_s"] = used
+    result["cpu_us_per_decision"] = used * 1e6 / max(result["decisions"], 1)
+    return result
+
+
+def crash_detection(runs=3):
+    """Seconds from SIGKILL of one of three nodes (default gossip settings)
+    until the others' rings drop it."""
+    figures = []
+    for _ in range(runs):
+        c = Cluster(3, pin=False)
+        try:
+            time.sleep(2)
+            started = time.time()
+            c.procs[2].kill()
+            while c.in_ring(c.grpc[0]) != 2:
+                time.sleep(0.05)
+            figures.append(time.time() - started)
+        finally:
+            c.stop()
+    return figures
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=int, default=10)
+    args = ap.parse_args()
+    rows = []
+    one = Cluster(1)
+    try:
+        local = bench(one, args.seconds, ["--concurrency", "64", "--items", "10"])
+        rows.append(("1 node: all keys local", local))
+        peak_local = local["calls_per_s"]
+        lat_local = bench(one, args.seconds, ["--rate", str(round(peak_local * 0.1))])
+    finally:
+        one.stop()
+    three = Cluster(3)
+    try:
+        batched = bench(three, args.seconds, ["--concurrency", "64", "--items", "10"])
+        rows.append(("3 nodes: 2/3 of keys forwarded, batched", batched))
+        unbatched = bench(three, args.seconds,
+                          ["--concurrency", "64", "--items", "10", "--skip-batching"])
+        rows.append(("3 nodes: 2/3 of keys forwarded, unbatched", unbatched))
+        lat_fwd = bench(three, args.seconds, ["--rate", str(round(peak_local * 0.1))])
+        lat_fwd_unbatched = bench(three, args.seconds,
+                                  ["--rate", str(round(peak_local * 0.1)), "--skip-batching"])
+    finally:
+        three.stop()
+    crashes = crash_detection()
+
+    print(f"## Cluster CPU per decision ({time.strftime('%Y-%m-%d')}, {args.seconds} s per row)")
+    print()
+    print("| case | decisions/s | server CPU s | CPU µs/decision | unavailable |")
+    print("|---|---|---|---|---|")
+    for name, r in rows:
+        print(f"| {name} | {r['decisions_per_s']:.0f} | {r['server_cpu_s']:.2f} "
+              f"| {r['cpu_us_per_decision']:.1f} | {r['unavailable']} |")
+    print()
+    rate = round(peak_local * 0.1)
+    print(f"## Latency at {rate} calls/s open loop (~10% of the 1-node peak of "
+          f"{peak_local:.0f} calls/s of 10 items), 1 item per call, µs from intended start")
+    print()
+    print("| case | p50 | p90 | p99 | p99.9 |")
+    print("|---|---|---|---|---|")
+    for name, r in [("1 node (local)", lat_local), ("3 nodes, batched forwards", lat_fwd),
+                    ("3 nodes, unbatched forwards", lat_fwd_unbatched)]:
+        l = r["latency_us"]
+        print(f"| {name} | {l['p50']} | {l['p90']} | {l['p99']} | {l['p999']} |")
+
+    print()
+    print("## Crash detection (3 nodes, default gossip_interval 200 ms, phi_threshold 10)")
+    print()
+    print("SIGKILL of one node until the others' rings drop it: "
+          + ", ".join(f"{x:.2f} s" for x in crashes))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,348 @@
+//! `sluice bench`: a load generator for one node or a cluster.
+//!
+//! Closed loop (`--concurrency` callers, each waiting for its answer) or open
+//! loop (`--rate` calls per second on a fixed schedule, whatever the answers
+//! do). Open-loop latency is measured from each call's *intended* start, so
+//! a stall shows up in the percentiles instead of silently lowering the
+//! offered load (coordinated omission). Percentiles come from an HDR
+//! histogram; progress prints every second to stderr; `--json` prints the
+//! summary as one object.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use hdrhistogram::Histogram;
+use tonic::transport::Channel;
+
+use super::{CliResult, connect};
+use crate::proto::v1 as pb;
+use crate::proto::v1::rate_limiter_client::RateLimiterClient;
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Node gRPC addresses, comma-separated; calls go round-robin.
+    #[arg(long, default_value = "127.0.0.1:8081", value_delimiter = ',')]
+    addr: Vec<String>,
+    /// How long to run, e.g. 10s.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Callers in flight (closed loop), or the cap on calls in flight (open loop).
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    /// Open loop: calls per second on a fixed schedule. Unset: closed loop.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Decisions per Check call.
+    #[arg(long, default_value_t = 1)]
+    items: usize,
+    /// Distinct keys.
+    #[arg(long, default_value_t = 10_000)]
+    keys: u64,
+    /// uniform, zipf (exponent --zipf-s) or hot (every request one key).
+    #[arg(long, default_value = "uniform", value_parser = ["uniform", "zipf", "hot"])]
+    dist: String,
+    #[arg(long, default_value_t = 1.0)]
+    zipf_s: f64,
+    /// The limit per key and its period.
+    #[arg(long, default_value_t = 1_000)]
+    limit: i64,
+    #[arg(long, default_value_t = 1_000)]
+    duration_ms: i64,
+    /// token_bucket, gcra, leaky_bucket, fixed_window, sliding_window_counter, sliding_window_log.
+    #[arg(long, default_value = "token_bucket")]
+    algorithm: String,
+    /// Ask owners to skip forward batching.
+    #[arg(long)]
+    skip_batching: bool,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Key picker for the chosen distribution.
+enum Keys {
+    Uniform(u64),
+    /// Cumulative weights for Zipf over the keys, for binary search.
+    Zipf(Vec<f64>),
+    Hot,
+}
+
+impl Keys {
+    fn new(args: &BenchArgs) -> Keys {
+        match args.dist.as_str() {
+            "hot" => Keys::Hot,
+            "zipf" => {
+                let mut acc = 0.0;
+                let cdf = (1..=args.keys.max(1))
+                    .map(|k| {
+                        acc += 1.0 / (k as f64).powf(args.zipf_s);
+                        acc
+                    })
+                    .collect::<Vec<_>>();
+                let total = acc;
+                Keys::Zipf(cdf.into_iter().map(|c| c / total).collect())
+            }
+            _ => Keys::Uniform(args.keys.max(1)),
+        }
+    }
+
+    fn pick(&self, rng: &mut fastrand::Rng) -> u64 {
+        match self {
+            Keys::Uniform(n) => rng.u64(..*n),
+            Keys::Zipf(cdf) => cdf.partition_point(|&c| c < rng.f64()) as u64,
+            Keys::Hot => 0,
+        }
+    }
+}
+
+/// Counters shared by the callers.
+#[derive(Default)]
+struct Tally {
+    calls: AtomicU64,
+    decisions: AtomicU64,
+    admitted: AtomicU64,
+    refused: AtomicU64,
+    unavailable: AtomicU64,
+    approximate: AtomicU64,
+    errors: AtomicU64,
+}
+
+struct Run {
+    args: BenchArgs,
+    keys: Keys,
+    clients: Vec<RateLimiterClient<Channel>>,
+    tally: Tally,
+    /// Latency in microseconds. A std Mutex: held only to record a value.
+    latency: Mutex<Histogram<u64>>,
+    algorithm: i32,
+}
+
+impl Run {
+    fn request(&self, rng: &mut fastrand::Rng) -> pb::CheckRequest {
+        let requests = (0..self.args.items.max(1))
+            .map(|_| pb::RateLimitRequest {
+                name: "bench".into(),
+                unique_key: format!("k{}", self.keys.pick(rng)),
+                limit: self.args.limit,
+                duration_ms: Some(self.args.duration_ms),
+                algorithm: self.algorithm,
+                skip_batching: self.args.skip_batching,
+                ..Default::default()
+            })
+            .collect();
+        pb::CheckRequest { requests }
+    }
+
+    /// One call; latency from `intended` (the schedule's start time).
+    async fn call(&self, n: u64, intended: Instant, rng: &mut fastrand::Rng) {
+        let mut client = self.clients[n as usize % self.clients.len()].clone();
+        let outcome = client.check(self.request(rng)).await;
+        let micros = intended.elapsed().as_micros() as u64;
+        if let Ok(mut h) = self.latency.lock() {
+            let _ = h.record(micros.max(1));
+        }
+        let t = &self.tally;
+        t.calls.fetch_add(1, Ordering::Relaxed);
+        match outcome {
+            Err(_) => {
+                t.errors.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(r) => {
+                for a in r.into_inner().responses {
+                    t.decisions.fetch_add(1, Ordering::Relaxed);
+                    let counter = match (a.error.is_some(), pb::Status::try_from(a.status)) {
+                        (true, _) => &t.errors,
+                        (_, Ok(pb::Status::UnderLimit)) => &t.admitted,
+                        (_, Ok(pb::Status::OverLimit)) => &t.refused,
+                        _ => &t.unavailable,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    if a.approximate {
+                        t.approximate.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+    }
+}
+
+pub async fn run(args: BenchArgs) -> CliResult {
+    let algorithm =
+        pb::Algorithm::from_str_name(&format!("ALGORITHM_{}", args.algorithm.to_uppercase()))
+            .ok_or_else(|| format!("--algorithm: unknown algorithm {:?}", args.algorithm))?
+            as i32;
+    let mut clients = Vec::new();
+    for addr in &args.addr {
+        clients.push(RateLimiterClient::new(connect(addr).await?));
+    }
+    let run = Arc::new(Run {
+        keys: Keys::new(&args),
+        clients,
+        tally: Tally::default(),
+        latency: Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 3)?),
+        algorithm,
+        args,
+    });
+    let started = Instant::now();
+    let end = started + run.args.duration;
+    let progress = tokio::spawn(progress(run.clone(), started, end));
+    match run.args.rate {
+        None => closed_loop(&run, end).await,
+        Some(rate) => open_loop(&run, rate, started, end).await,
+    }
+    progress.abort();
+    report(&run, started.elapsed());
+    Ok(())
+}
+
+async fn closed_loop(run: &Arc<Run>, end: Instant) {
+    let callers: Vec<_> = (0..run.args.concurrency.max(1))
+        .map(|c| {
+            let run = run.clone();
+            tokio::spawn(async move {
+                let mut rng = fastrand::Rng::with_seed(c as u64);
+                let mut n = c as u64;
+                while Instant::now() < end {
+                    run.call(n, Instant::now(), &mut rng).await;
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    for c in callers {
+        let _ = c.await;
+    }
+}
+
+async fn open_loop(run: &Arc<Run>, rate: f64, started: Instant, end: Instant) {
+    // The schedule runs on its own OS thread with std's sleep (microsecond
+    // precision): tokio's timer ticks in milliseconds and would release
+    // calls in bursts, adding its own lateness to every latency.
+    let interval = Duration::from_secs_f64(1.0 / rate.max(1e-3));
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(run.args.concurrency.max(1)));
+    let runtime = tokio::runtime::Handle::current();
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let run = run.clone();
+    let scheduler = std::thread::spawn(move || {
+        let mut n = 0u64;
+        loop {
+            let intended = started + interval.mul_f64(n as f64);
+            if intended >= end {
+                break;
+            }
+            if let Some(wait) = intended.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+            let (run, in_flight, done) = (run.clone(), in_flight.clone(), done_tx.clone());
+            runtime.spawn(async move {
+                // Waiting for a permit delays the call but not its intended
+                // start, so the wait counts in its latency.
+                if let Ok(_permit) = in_flight.acquire_owned().await {
+                    let mut rng = fastrand::Rng::with_seed(n);
+                    run.call(n, intended, &mut rng).await;
+                }
+                let _ = done.send(());
+            });
+            n += 1;
+        }
+        n
+    });
+    let scheduled = tokio::task::spawn_blocking(move || scheduler.join().unwrap_or(0))
+        .await
+        .unwrap_or(0);
+    for _ in 0..scheduled {
+        if done_rx.recv().await.is_none() {
+            break;
+        }
+    }
+}
+
+async fn progress(run: Arc<Run>, started: Instant, end: Instant) {
+    let mut last = 0;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.tick().await;
+    while Instant::now() < end {
+        tick.tick().await;
+        let calls = run.tally.calls.load(Ordering::Relaxed);
+        let p99 = run
+            .latency
+            .lock()
+            .map(|h| h.value_at_quantile(0.99))
+            .unwrap_or(0);
+        eprintln!(
+            "[{:>4.0}s] {:>9} calls/s  errors {}  unavailable {}  p99 {} µs",
+            started.elapsed().as_secs_f64(),
+            calls - last,
+            run.tally.errors.load(Ordering::Relaxed),
+            run.tally.unavailable.load(Ordering::Relaxed),
+            p99
+        );
+        last = calls;
+    }
+}
+
+fn report(run: &Run, took: Duration) {
+    let t = &run.tally;
+    let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let h = run.latency.lock().map(|h| h.clone()).ok();
+    let q = |p: f64| h.as_ref().map_or(0, |h| h.value_at_quantile(p));
+    let secs = took.as_secs_f64().max(1e-9);
+    let summary = serde_json::json!({
+        "mode": if run.args.rate.is_some() { "open" } else { "closed" },
+        "targets": run.args.addr,
+        "seconds": secs,
+        "concurrency": run.args.concurrency,
+        "offered_rate": run.args.rate,
+        "items_per_call": run.args.items,
+        "keys": run.args.keys,
+        "dist": run.args.dist,
+        "calls": get(&t.calls),
+        "calls_per_s": get(&t.calls) as f64 / secs,
+        "decisions": get(&t.decisions),
+        "decisions_per_s": get(&t.decisions) as f64 / secs,
+        "admitted": get(&t.admitted),
+        "refused": get(&t.refused),
+        "unavailable": get(&t.unavailable),
+        "approximate": get(&t.approximate),
+        "errors": get(&t.errors),
+        "latency_us": {
+            "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "p999": q(0.999),
+            "max": h.as_ref().map_or(0, |h| h.max()),
+        },
+    });
+    if run.args.json {
+        println!("{summary}");
+        return;
+    }
+    println!(
+        "{} calls ({} decisions) in {:.1} s: {:.0} calls/s, {:.0} decisions/s",
+        get(&t.calls),
+        get(&t.decisions),
+        secs,
+        get(&t.calls) as f64 / secs,
+        get(&t.decisions) as f64 / secs
+    );
+    println!(
+        "admitted {}  refused {}  unavailable {}  approximate {}  errors {}",
+        get(&t.admitted),
+        get(&t.refused),
+        get(&t.unavailable),
+        get(&t.approximate),
+        get(&t.errors)
+    );
+    println!(
+        "latency µs{}: p50 {}  p90 {}  p99 {}  p99.9 {}  max {}",
+        if run.args.rate.is_some() {
+            " (from intended start)"
+        } else {
+            ""
+        },
+        q(0.5),
+        q(0.9),
+        q(0.99),
+        q(0.999),
+        h.as_ref().map_or(0, |h| h.max())
+    );
+}

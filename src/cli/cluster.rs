@@ -1,0 +1,84 @@
+//! `sluice cluster status`: the members a node sees, their states and ring shares.
+
+use clap::{Args, Subcommand};
+
+use super::{CliResult, connect};
+use crate::proto::v1 as pb;
+use crate::proto::v1::admin_client::AdminClient;
+
+#[derive(Args, Debug)]
+pub struct ClusterArgs {
+    #[command(subcommand)]
+    command: ClusterCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum ClusterCommand {
+    /// Members, lifecycle states, ring shares, epoch and N, as one node sees them.
+    Status {
+        /// The node's gRPC address.
+        #[arg(long, default_value = "127.0.0.1:8081")]
+        addr: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub async fn run(args: ClusterArgs) -> CliResult {
+    let ClusterCommand::Status { addr, json } = args.command;
+    let mut client = AdminClient::new(connect(&addr).await?);
+    let s = client
+        .cluster_status(pb::ClusterStatusRequest {})
+        .await?
+        .into_inner();
+    if json {
+        let members: Vec<_> = s
+            .members
+            .iter()
+            .map(|m| {
+                serde_json::json!({
+                    "node_id": m.node_id, "generation": m.generation, "state": m.state,
+                    "grpc_addr": m.grpc_addr, "gossip_addr": m.gossip_addr, "version": m.version,
+                    "protocol": m.protocol, "policy_hash": m.policy_hash, "in_ring": m.in_ring,
+                    "ring_share": m.ring_share,
+                })
+            })
+            .collect();
+        let out = serde_json::json!({
+            "self": s.self_node_id,
+            "ring_epoch": format!("{:016x}", s.ring_epoch),
+            "cluster_size": s.cluster_size,
+            "members": members,
+        });
+        println!("{out}");
+        return Ok(());
+    }
+    println!(
+        "{:<20} {:<8} {:<22} {:>7} {:<8} {:<16}",
+        "NODE", "STATE", "GRPC", "SHARE", "VERSION", "POLICY HASH"
+    );
+    for m in &s.members {
+        let me = if m.node_id == s.self_node_id {
+            " *"
+        } else {
+            ""
+        };
+        println!(
+            "{:<20} {:<8} {:<22} {:>6.1}% {:<8} {:<16}",
+            format!("{}{me}", m.node_id),
+            m.state,
+            m.grpc_addr,
+            m.ring_share * 100.0,
+            m.version,
+            m.policy_hash
+        );
+    }
+    let ready = s.members.iter().filter(|m| m.in_ring).count();
+    println!(
+        "{} members, {ready} in the ring (epoch {:016x}), N = {}   (* = the node asked)",
+        s.members.len(),
+        s.ring_epoch,
+        s.cluster_size
+    );
+    Ok(())
+}
