@@ -63,6 +63,9 @@ pub struct Limits {
     /// Distinct `name`/`policy` label values in metrics (names come from
     /// clients); the rest are counted under `_other`.
     pub max_metric_names: usize,
+    /// `Check` calls in progress at once; beyond it a call is answered at
+    /// once, every item `UNAVAILABLE` / `OVERLOADED`, rather than queued.
+    pub max_in_flight_checks: usize,
 }
 
 /// Membership and forwarding. With no `seeds`, the node is a healthy
@@ -109,6 +112,21 @@ pub struct ClusterConfig {
     /// After announcing `leaving`, keep answering this long before stopping.
     #[serde(with = "humantime_serde_compat")]
     pub leave_grace: Duration,
+    /// Consecutive failed calls that open a peer's breaker.
+    pub breaker_failures: u32,
+    /// How long an open breaker waits before letting one probe through.
+    #[serde(with = "humantime_serde_compat")]
+    pub breaker_cooldown: Duration,
+    /// How often lease consumption is reported to owners.
+    #[serde(with = "humantime_serde_compat")]
+    pub report_interval: Duration,
+    /// Keys an edge remembers owners' answers for (lease seeds), and keys
+    /// with unreported lease consumption.
+    pub lease_max_keys: usize,
+    /// After a ring change, how long a new owner seeds keys whose previous
+    /// owner is gone from what it saw of them (never a full bucket).
+    #[serde(with = "humantime_serde_compat")]
+    pub ownership_grace: Duration,
 }
 
 impl Default for ClusterConfig {
@@ -130,6 +148,11 @@ impl Default for ClusterConfig {
             peer_queue: 10_000,
             peer_in_flight: 16,
             leave_grace: Duration::from_millis(500),
+            breaker_failures: 3,
+            breaker_cooldown: Duration::from_secs(1),
+            report_interval: Duration::from_millis(100),
+            lease_max_keys: 100_000,
+            ownership_grace: Duration::from_secs(60),
         }
     }
 }
@@ -170,6 +193,8 @@ pub struct PolicyConfig {
     pub burst: Option<u64>,
     /// Decide and count, but always allow.
     pub shadow: bool,
+    /// When the key's owner cannot be reached: local_share (default), allow or deny.
+    pub on_owner_unreachable: Option<String>,
 }
 
 impl Default for Config {
@@ -196,6 +221,7 @@ impl Default for Limits {
             max_log_entries: crate::algorithm::DEFAULT_MAX_LOG_ENTRIES,
             sweep_interval: Duration::from_secs(10),
             max_metric_names: 100,
+            max_in_flight_checks: 10_000,
         }
     }
 }
@@ -255,6 +281,7 @@ impl Config {
             ("limits.max_batch", l.max_batch),
             ("limits.max_key_bytes", l.max_key_bytes),
             ("limits.max_message_bytes", l.max_message_bytes),
+            ("limits.max_in_flight_checks", l.max_in_flight_checks),
         ];
         for (key, v) in positive {
             if v == 0 {
@@ -294,6 +321,7 @@ impl Config {
             ("cluster.batch_max_items", c.batch_max_items),
             ("cluster.peer_queue", c.peer_queue),
             ("cluster.peer_in_flight", c.peer_in_flight),
+            ("cluster.lease_max_keys", c.lease_max_keys),
         ] {
             if v == 0 {
                 return Err(ConfigError(format!("{key}: must be greater than zero")));

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod clock;
 pub mod cluster;
 pub mod config;
+pub mod lease;
 pub mod limiter;
 pub mod metrics;
 pub mod policy;

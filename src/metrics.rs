@@ -143,6 +143,22 @@ pub struct ClusterMetrics {
     pub errors: Family<Vec<(&'static str, String)>, Counter>,
     /// Redirects answered by this node (rings briefly disagreeing).
     pub redirects: Counter,
+    /// RPCs attempted, by peer (forwards, probes and reports).
+    pub rpcs: Family<Vec<(&'static str, String)>, Counter>,
+    /// Forwards refused at once because the peer's breaker was open.
+    pub breaker_rejections: Counter,
+    /// Breaker state by peer: 0 closed, 1 half-open, 2 open.
+    pub breakers: Family<Vec<(&'static str, String)>, Gauge>,
+    /// Decisions made without the owner, by mode (lease, allow, deny).
+    pub fallbacks: Family<Vec<(&'static str, &'static str)>, Counter>,
+    /// Hits admitted on leases and not yet acknowledged by their owners.
+    pub unreported: Gauge,
+    /// Lease reports applied by this node as owner, and retries ignored.
+    pub reports: Family<Vec<(&'static str, &'static str)>, Counter>,
+    /// 1 while this node sees fewer than a majority of N (every key on leases).
+    pub minority: Gauge,
+    /// Forwarded items dropped on arrival, past their deadline.
+    pub shed: Counter,
     /// Live members by lifecycle state.
     pub members: Family<Vec<(&'static str, &'static str)>, Gauge>,
     /// The ring epoch (low 63 bits), to compare across nodes.
@@ -161,6 +177,14 @@ impl ClusterMetrics {
             ]),
             errors: Family::default(),
             redirects: Counter::default(),
+            rpcs: Family::default(),
+            breaker_rejections: Counter::default(),
+            breakers: Family::default(),
+            fallbacks: Family::default(),
+            unreported: Gauge::default(),
+            reports: Family::default(),
+            minority: Gauge::default(),
+            shed: Counter::default(),
             members: Family::default(),
             ring_epoch: Gauge::default(),
             size: Gauge::default(),
@@ -208,12 +232,74 @@ impl ClusterMetrics {
             "N, the cluster size that sizes shares",
             self.size.clone(),
         );
+        registry.register(
+            "sluice_peer_rpcs",
+            "RPCs attempted, by peer",
+            self.rpcs.clone(),
+        );
+        registry.register(
+            "sluice_breaker_rejections",
+            "Forwards refused at once by an open breaker",
+            self.breaker_rejections.clone(),
+        );
+        registry.register(
+            "sluice_breaker_state",
+            "Breaker by peer: 0 closed, 1 half-open, 2 open",
+            self.breakers.clone(),
+        );
+        registry.register(
+            "sluice_fallback_decisions",
+            "Decisions made without the owner, by mode",
+            self.fallbacks.clone(),
+        );
+        registry.register(
+            "sluice_lease_unreported_hits",
+            "Hits admitted on leases, not yet acknowledged by their owners",
+            self.unreported.clone(),
+        );
+        registry.register(
+            "sluice_lease_reports",
+            "Lease reports received as owner, by outcome",
+            self.reports.clone(),
+        );
+        registry.register(
+            "sluice_minority",
+            "1 while this node sees fewer than a majority of N",
+            self.minority.clone(),
+        );
+        registry.register(
+            "sluice_shed_forwards",
+            "Forwarded items dropped on arrival, past their deadline",
+            self.shed.clone(),
+        );
     }
 
     pub fn forwarded(&self, items: usize, took: std::time::Duration) {
         self.forwarded_items.inc_by(items as u64);
         self.batch_size.observe(items as f64);
         self.forward_latency.observe(took.as_secs_f64());
+    }
+
+    pub fn breaker_state(&self, peer: &str, state: crate::cluster::breaker::State) {
+        use crate::cluster::breaker::State;
+        let v = match state {
+            State::Closed => 0,
+            State::HalfOpen => 1,
+            State::Open => 2,
+        };
+        self.breakers
+            .get_or_create(&vec![("peer", peer.to_string())])
+            .set(v);
+    }
+
+    pub fn rpc_attempt(&self, peer: &str) {
+        self.rpcs
+            .get_or_create(&vec![("peer", peer.to_string())])
+            .inc();
+    }
+
+    pub fn fallback(&self, mode: &'static str) {
+        self.fallbacks.get_or_create(&vec![("mode", mode)]).inc();
     }
 
     pub fn forward_error(&self, peer: &str, kind: &'static str) {
@@ -237,6 +323,9 @@ pub struct Metrics {
     pub invalid: Family<Vec<(&'static str, &'static str)>, Counter>,
     /// Config reloads by result (ok / error).
     pub reloads: Family<Vec<(&'static str, &'static str)>, Counter>,
+    /// `Check` calls in progress (saturation), and calls shed as overloaded.
+    pub in_flight: Gauge,
+    pub overloaded: Counter,
     pub cluster: Arc<ClusterMetrics>,
 }
 
@@ -267,6 +356,18 @@ impl Metrics {
             "Config file reloads, by result",
             reloads.clone(),
         );
+        let in_flight = Gauge::default();
+        registry.register(
+            "sluice_checks_in_flight",
+            "Check calls in progress (at the last call's start)",
+            in_flight.clone(),
+        );
+        let overloaded = Counter::default();
+        registry.register(
+            "sluice_overloaded_checks",
+            "Check calls shed at once, every item UNAVAILABLE/OVERLOADED",
+            overloaded.clone(),
+        );
         let cluster = Arc::new(ClusterMetrics::new());
         cluster.register(&mut registry);
         Metrics {
@@ -275,6 +376,8 @@ impl Metrics {
             check_latency,
             invalid,
             reloads,
+            in_flight,
+            overloaded,
             cluster,
         }
     }

@@ -17,6 +17,39 @@ pub struct Policy {
     pub spec: Spec,
     /// Decide and count, but always allow.
     pub shadow: bool,
+    pub on_owner_unreachable: OnOwnerUnreachable,
+}
+
+/// What an edge answers when a key's owner cannot be reached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnOwnerUnreachable {
+    /// Decide on this node's 1/N lease (approximate answers).
+    #[default]
+    LocalShare,
+    /// Admit: availability over the limit.
+    Allow,
+    /// Answer UNAVAILABLE / OWNER_UNREACHABLE.
+    Deny,
+}
+
+impl OnOwnerUnreachable {
+    pub fn name(self) -> &'static str {
+        match self {
+            OnOwnerUnreachable::LocalShare => "local_share",
+            OnOwnerUnreachable::Allow => "allow",
+            OnOwnerUnreachable::Deny => "deny",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<OnOwnerUnreachable> {
+        [
+            OnOwnerUnreachable::LocalShare,
+            OnOwnerUnreachable::Allow,
+            OnOwnerUnreachable::Deny,
+        ]
+        .into_iter()
+        .find(|m| m.name() == name)
+    }
 }
 
 /// Every named limit of one config version.
@@ -99,9 +132,19 @@ fn parse(name: &str, p: &PolicyConfig, bounds: &Bounds) -> Result<Policy, (&'sta
     };
     let spec = Spec::with_bounds(algorithm, p.limit, period, p.burst, bounds)
         .map_err(|e| (e.field, e.message))?;
+    let on_owner_unreachable = match &p.on_owner_unreachable {
+        None => OnOwnerUnreachable::default(),
+        Some(m) => OnOwnerUnreachable::from_name(m).ok_or_else(|| {
+            (
+                "on_owner_unreachable",
+                format!("unknown mode {m:?}; one of local_share, allow, deny"),
+            )
+        })?,
+    };
     Ok(Policy {
         name: Arc::from(name),
         spec,
         shadow: p.shadow,
+        on_owner_unreachable,
     })
 }

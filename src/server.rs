@@ -22,10 +22,12 @@ use tokio_util::sync::CancellationToken;
 use crate::algorithm::Bounds;
 use crate::clock::SharedClock;
 use crate::cluster::auth::Secret;
+use crate::cluster::faults::Faults;
 use crate::cluster::membership::{ClusterView, Lifecycle, Membership, MembershipConfig};
 use crate::cluster::peers::{ForwardSettings, Peers};
 use crate::config::{Config, ConfigError, Sources};
-use crate::limiter::Limiter;
+use crate::lease::Leases;
+use crate::limiter::{ClusterSettings, Limiter, Parts};
 use crate::metrics::Metrics;
 use crate::policy::Policies;
 use crate::proto::FILE_DESCRIPTOR_SET;
@@ -63,6 +65,8 @@ pub struct Node {
     pub gossip_addr: SocketAddr,
     pub limiter: Limiter,
     pub membership: Membership,
+    /// Test hook: links to behave as cut (see `cluster::faults`).
+    pub faults: Arc<Faults>,
     ready: Arc<AtomicBool>,
     leave_grace: Duration,
     shutdown: CancellationToken,
@@ -91,6 +95,7 @@ impl Node {
         }
         let store = Arc::new(Store::new(config.limits.max_keys));
         let metrics = Arc::new(Metrics::new(store.clone(), config.limits.max_metric_names));
+        let faults = Arc::new(Faults::default());
         let peers = Peers::new(
             &config.node_id,
             secret.clone(),
@@ -100,18 +105,26 @@ impl Node {
                 batch_wait: cluster.batch_wait,
                 queue: cluster.peer_queue,
                 in_flight: cluster.peer_in_flight,
+                breaker_failures: cluster.breaker_failures,
+                breaker_cooldown: cluster.breaker_cooldown,
             },
             metrics.cluster.clone(),
+            faults.clone(),
         );
         let policy_hash = policies.hash();
-        let limiter = Limiter::new(
-            &config.node_id,
+        let leases = Leases::new(cluster.lease_max_keys, boot_nanos());
+        let limiter = Limiter::new(Parts {
+            node_id: config.node_id.clone(),
             store,
             policies,
             clock,
             metrics,
-            Some(peers),
-        );
+            peers: Some(peers),
+            leases,
+            settings: ClusterSettings {
+                ownership_grace: cluster.ownership_grace.as_nanos() as u64,
+            },
+        });
         let shutdown = CancellationToken::new();
         let ready = Arc::new(AtomicBool::new(false));
         let mut tasks = JoinSet::new();
@@ -157,10 +170,16 @@ impl Node {
             dead_grace: cluster.dead_grace,
             grpc_advertise,
             policy_hash,
+            faults: faults.clone(),
         })?;
         tasks.spawn(follow_ring(
             membership.clone(),
             limiter.clone(),
+            shutdown.clone(),
+        ));
+        tasks.spawn(report_leases(
+            limiter.clone(),
+            cluster.report_interval,
             shutdown.clone(),
         ));
 
@@ -219,6 +238,7 @@ impl Node {
             gossip_addr,
             limiter,
             membership,
+            faults,
             ready,
             leave_grace: cluster.leave_grace,
             shutdown,
@@ -274,6 +294,27 @@ async fn resolve(host: &str, port: u16) -> Result<SocketAddr, StartError> {
         .ok_or_else(|| error("resolves to no address".into()))
 }
 
+fn boot_nanos() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// Report lease consumption to owners every `interval`.
+async fn report_leases(limiter: Limiter, interval: Duration, token: CancellationToken) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tick.tick() => {
+                limiter.flush_reports().await;
+            }
+        }
+    }
+}
+
 fn boot_millis() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -287,7 +328,7 @@ async fn follow_ring(membership: Membership, limiter: Limiter, token: Cancellati
     let mut views = membership.watch();
     loop {
         let view: Arc<ClusterView> = views.borrow_and_update().clone();
-        limiter.set_ring(view.ring.clone());
+        limiter.set_view(&view);
         let m = &limiter.metrics().cluster;
         for state in [Lifecycle::Joining, Lifecycle::Ready, Lifecycle::Leaving] {
             let n = view.members.iter().filter(|x| x.state == state).count();

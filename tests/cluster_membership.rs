@@ -30,6 +30,7 @@ fn start(id: &str, generation: u64, seeds: &[String], secret: &[u8]) -> (Members
         dead_grace: Duration::from_secs(3_600),
         grpc_advertise: format!("{id}.grpc:8081"),
         policy_hash: "p".into(),
+        faults: Default::default(),
     })
     .unwrap();
     (m, addr.to_string())

@@ -204,7 +204,9 @@ impl State {
         State::with_consumed(spec, 0, now)
     }
 
-    fn with_consumed(spec: &Spec, tokens: u64, now: Nanos) -> State {
+    /// A state at `now` that has consumed `tokens` whole tokens (seeding a
+    /// key from a remaining count seen elsewhere).
+    pub fn with_consumed(spec: &Spec, tokens: u64, now: Nanos) -> State {
         match spec.algorithm() {
             Algorithm::TokenBucket => {
                 State::TokenBucket(TokenBucket::with_consumed(spec, tokens, now))
@@ -362,6 +364,14 @@ impl Limited {
     pub fn new(spec: Spec, now: Nanos) -> Limited {
         Limited {
             state: State::fresh(&spec, now),
+            spec,
+        }
+    }
+
+    /// A key that has already consumed `tokens` at `now`.
+    pub fn seeded(spec: Spec, tokens: u64, now: Nanos) -> Limited {
+        Limited {
+            state: State::with_consumed(&spec, tokens, now),
             spec,
         }
     }

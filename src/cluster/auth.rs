@@ -13,7 +13,7 @@
 //! the node accepts any peer and logs a warning at start.
 
 use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -21,6 +21,8 @@ use chitchat::transport::{Socket, Transport};
 use chitchat::{ChitchatMessage, Deserializable, Serializable};
 use hmac::{KeyInit, Mac};
 use sha2::Sha256;
+
+use super::faults::Faults;
 
 type HmacSha256 = hmac::Hmac<Sha256>;
 
@@ -154,14 +156,16 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 pub struct AuthTransport {
     socket: Mutex<Option<std::net::UdpSocket>>,
     secret: Secret,
+    faults: Arc<Faults>,
 }
 
 impl AuthTransport {
     /// `socket` must be non-blocking.
-    pub fn new(socket: std::net::UdpSocket, secret: Secret) -> AuthTransport {
+    pub fn new(socket: std::net::UdpSocket, secret: Secret, faults: Arc<Faults>) -> AuthTransport {
         AuthTransport {
             socket: Mutex::new(Some(socket)),
             secret,
+            faults,
         }
     }
 }
@@ -178,6 +182,7 @@ impl Transport for AuthTransport {
         Ok(Box::new(AuthSocket {
             socket: tokio::net::UdpSocket::from_std(socket)?,
             secret: self.secret.clone(),
+            faults: self.faults.clone(),
             buf: vec![0; MAX_DATAGRAM],
         }))
     }
@@ -186,12 +191,16 @@ impl Transport for AuthTransport {
 struct AuthSocket {
     socket: tokio::net::UdpSocket,
     secret: Secret,
+    faults: Arc<Faults>,
     buf: Vec<u8>,
 }
 
 #[async_trait]
 impl Socket for AuthSocket {
     async fn send(&mut self, to: SocketAddr, message: ChitchatMessage) -> anyhow::Result<()> {
+        if self.faults.gossip_cut(&to) {
+            return Ok(());
+        }
         let mut datagram = message.serialize_to_vec();
         self.secret.seal(&mut datagram);
         if datagram.len() > MAX_DATAGRAM {
@@ -219,6 +228,9 @@ impl Socket for AuthSocket {
                     continue;
                 }
             };
+            if self.faults.gossip_cut(&from) {
+                continue;
+            }
             let Some(mut body) = self.secret.open(&self.buf[..n]) else {
                 tracing::warn!(%from, "gossip datagram without a valid MAC; dropped");
                 continue;

@@ -194,6 +194,8 @@ pub struct MembershipConfig {
     pub dead_grace: Duration,
     pub grpc_advertise: String,
     pub policy_hash: String,
+    /// Test hook: gossip links to behave as cut.
+    pub faults: Arc<super::faults::Faults>,
 }
 
 /// The membership handle: cheap to clone.
@@ -250,7 +252,7 @@ impl Membership {
             (PROTOCOL.to_string(), PEER_PROTOCOL_VERSION.to_string()),
             (POLICY_HASH.to_string(), cfg.policy_hash.clone()),
         ];
-        let transport = AuthTransport::new(cfg.gossip_socket, cfg.secret);
+        let transport = AuthTransport::new(cfg.gossip_socket, cfg.secret, cfg.faults.clone());
         let (view_tx, view_rx) = watch::channel(Arc::new(ClusterView::alone(&cfg.node_id)));
         let stop = CancellationToken::new();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();

@@ -2,6 +2,8 @@
 //! forwarding to owners.
 
 pub mod auth;
+pub mod breaker;
+pub mod faults;
 pub mod membership;
 pub mod peers;
 pub mod ring;

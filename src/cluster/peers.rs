@@ -16,6 +16,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
 use super::auth::{Secret, TOKEN_HEADER};
+use super::breaker::{Allow, Breaker, State as BreakerState};
+use super::faults::Faults;
 use super::ring::Ring;
 use crate::metrics::ClusterMetrics;
 use crate::proto::PEER_PROTOCOL_VERSION;
@@ -33,6 +35,10 @@ pub struct ForwardSettings {
     pub queue: usize,
     /// RPCs in flight per peer.
     pub in_flight: usize,
+    /// Consecutive failures that open a peer's breaker.
+    pub breaker_failures: u32,
+    /// How long an open breaker waits before letting a probe through.
+    pub breaker_cooldown: Duration,
 }
 
 /// Why a forward produced no answer.
@@ -44,6 +50,8 @@ pub enum ForwardError {
     QueueFull(String),
     #[error("peer {peer} did not answer: {reason}")]
     Unreachable { peer: String, reason: String },
+    #[error("the breaker for peer {0} is open")]
+    BreakerOpen(String),
 }
 
 type Reply = oneshot::Sender<Result<pb::ForwardResult, ForwardError>>;
@@ -55,10 +63,9 @@ struct Pending {
 
 /// A peer's client and batcher.
 struct Peer {
-    node_id: Arc<str>,
     addr: String,
     queue: mpsc::Sender<Pending>,
-    client: PeerClient<Channel>,
+    sender: Sender,
     stop: CancellationToken,
 }
 
@@ -72,6 +79,8 @@ struct Sender {
     epoch: Arc<AtomicU64>,
     timeout: Duration,
     metrics: Arc<ClusterMetrics>,
+    breaker: Arc<Breaker>,
+    faults: Arc<Faults>,
 }
 
 /// The set of peer clients; cheap to clone.
@@ -86,6 +95,7 @@ struct PeersInner {
     settings: ForwardSettings,
     epoch: Arc<AtomicU64>,
     metrics: Arc<ClusterMetrics>,
+    faults: Arc<Faults>,
     /// A std Mutex: held to look up or swap a client, never across an await.
     peers: Mutex<HashMap<Arc<str>, Arc<Peer>>>,
 }
@@ -96,6 +106,7 @@ impl Peers {
         secret: Secret,
         settings: ForwardSettings,
         metrics: Arc<ClusterMetrics>,
+        faults: Arc<Faults>,
     ) -> Peers {
         Peers {
             inner: Arc::new(PeersInner {
@@ -104,6 +115,7 @@ impl Peers {
                 settings,
                 epoch: Arc::new(AtomicU64::new(0)),
                 metrics,
+                faults,
                 peers: Mutex::new(HashMap::new()),
             }),
         }
@@ -156,51 +168,62 @@ impl Peers {
         let sender = Sender {
             node_id: node_id.clone(),
             self_id: self.inner.self_id.clone(),
-            client: client.clone(),
+            client,
             secret: self.inner.secret.clone(),
             epoch: self.inner.epoch.clone(),
             timeout: settings.timeout,
             metrics: self.inner.metrics.clone(),
+            breaker: Arc::new(Breaker::new(
+                settings.breaker_failures,
+                settings.breaker_cooldown,
+            )),
+            faults: self.inner.faults.clone(),
         };
-        tokio::spawn(batch_loop(rx, sender, settings.clone(), stop.clone()));
+        tokio::spawn(batch_loop(
+            rx,
+            sender.clone(),
+            settings.clone(),
+            stop.clone(),
+        ));
         Ok(Arc::new(Peer {
-            node_id: node_id.clone(),
             addr: addr.to_string(),
             queue,
-            client,
+            sender,
             stop,
         }))
     }
 
-    /// Forward one item to `node_id`, batched with others unless `unbatched`.
+    fn peer(&self, node_id: &str) -> Result<Arc<Peer>, ForwardError> {
+        self.lock()
+            .get(node_id)
+            .cloned()
+            .ok_or_else(|| ForwardError::UnknownPeer(node_id.to_string()))
+    }
+
+    /// Forward one item to `node_id`, batched with others unless
+    /// `unbatched`. An open breaker fails at once; a half-open one sends this
+    /// item alone, as its probe.
     pub async fn forward(
         &self,
         node_id: &str,
         item: pb::ForwardItem,
         unbatched: bool,
     ) -> Result<pb::ForwardResult, ForwardError> {
-        let peer = self
-            .lock()
-            .get(node_id)
-            .cloned()
-            .ok_or_else(|| ForwardError::UnknownPeer(node_id.to_string()))?;
-        if unbatched {
-            let sender = Sender {
-                node_id: peer.node_id.clone(),
-                self_id: self.inner.self_id.clone(),
-                client: peer.client.clone(),
-                secret: self.inner.secret.clone(),
-                epoch: self.inner.epoch.clone(),
-                timeout: self.inner.settings.timeout,
-                metrics: self.inner.metrics.clone(),
-            };
-            return sender.send(vec![item]).await.map(|mut r| r.remove(0));
+        let peer = self.peer(node_id)?;
+        match peer.sender.breaker.allow() {
+            Allow::No => {
+                self.inner.metrics.breaker_rejections.inc();
+                return Err(ForwardError::BreakerOpen(node_id.to_string()));
+            }
+            Allow::Probe => return peer.sender.send(vec![item]).await.map(|mut r| r.remove(0)),
+            Allow::Yes if unbatched => {
+                return peer.sender.send(vec![item]).await.map(|mut r| r.remove(0));
+            }
+            Allow::Yes => {}
         }
         let (reply, answer) = oneshot::channel();
         peer.queue.try_send(Pending { item, reply }).map_err(|_| {
-            self.inner
-                .metrics
-                .forward_error(&peer.node_id, "queue_full");
+            self.inner.metrics.forward_error(node_id, "queue_full");
             ForwardError::QueueFull(node_id.to_string())
         })?;
         answer.await.unwrap_or_else(|_| {
@@ -209,6 +232,28 @@ impl Peers {
                 reason: "the peer was removed".into(),
             })
         })
+    }
+
+    /// Send lease-consumption reports to `node_id` (the key's owner), through
+    /// the same breaker as forwards.
+    pub async fn report(
+        &self,
+        node_id: &str,
+        items: Vec<pb::ReportItem>,
+    ) -> Result<Vec<i32>, ForwardError> {
+        let peer = self.peer(node_id)?;
+        if peer.sender.breaker.allow() == Allow::No {
+            return Err(ForwardError::BreakerOpen(node_id.to_string()));
+        }
+        peer.sender.report(items).await
+    }
+
+    /// Breaker states by peer, for metrics and status.
+    pub fn breakers(&self) -> Vec<(Arc<str>, BreakerState)> {
+        self.lock()
+            .iter()
+            .map(|(id, p)| (id.clone(), p.sender.breaker.state()))
+            .collect()
     }
 }
 
@@ -299,25 +344,91 @@ async fn batch_loop(
 }
 
 impl Sender {
-    /// One RPC for `items`; never retried (at most once).
-    async fn send(
-        &self,
-        items: Vec<pb::ForwardItem>,
-    ) -> Result<Vec<pb::ForwardResult>, ForwardError> {
-        let n = items.len();
-        let started = Instant::now();
-        let mut request = tonic::Request::new(pb::ForwardRequest {
-            protocol_version: PEER_PROTOCOL_VERSION,
-            ring_epoch: self.epoch.load(Ordering::Relaxed),
-            from_node: self.self_id.to_string(),
-            items,
-        });
+    /// The deadline and token of a peer call.
+    fn authorize<T>(&self, request: &mut tonic::Request<T>) {
         request.set_timeout(self.timeout);
         if let Some(token) = self.secret.peer_token(&self.self_id)
             && let Ok(value) = token.parse()
         {
             request.metadata_mut().insert(TOKEN_HEADER, value);
         }
+    }
+
+    /// A test-injected cut behaves like a network that drops packets: the
+    /// call times out.
+    async fn cut(&self) -> Option<ForwardError> {
+        if !self.faults.grpc_cut(&self.node_id) {
+            return None;
+        }
+        tokio::time::sleep(self.timeout).await;
+        Some(ForwardError::Unreachable {
+            peer: self.node_id.to_string(),
+            reason: "deadline exceeded (cut by a test fault)".into(),
+        })
+    }
+
+    /// One RPC for `items`; never retried (at most once). Its outcome feeds
+    /// the peer's breaker.
+    async fn send(
+        &self,
+        items: Vec<pb::ForwardItem>,
+    ) -> Result<Vec<pb::ForwardResult>, ForwardError> {
+        let outcome = self.send_once(items).await;
+        self.breaker.record(outcome.is_ok());
+        self.metrics
+            .breaker_state(&self.node_id, self.breaker.state());
+        outcome
+    }
+
+    async fn report(&self, items: Vec<pb::ReportItem>) -> Result<Vec<i32>, ForwardError> {
+        let n = items.len();
+        self.metrics.rpc_attempt(&self.node_id);
+        let outcome = match self.cut().await {
+            Some(e) => Err(e),
+            None => {
+                let mut request = tonic::Request::new(pb::ReportRequest {
+                    protocol_version: PEER_PROTOCOL_VERSION,
+                    from_node: self.self_id.to_string(),
+                    items,
+                });
+                self.authorize(&mut request);
+                match tokio::time::timeout(self.timeout, self.client.clone().report(request)).await
+                {
+                    Ok(Ok(r)) if r.get_ref().outcomes.len() == n => Ok(r.into_inner().outcomes),
+                    Ok(Ok(_)) => Err("a wrong number of outcomes".to_string()),
+                    Ok(Err(status)) => Err(format!("{}: {}", status.code(), status.message())),
+                    Err(_) => Err("deadline exceeded".to_string()),
+                }
+                .map_err(|reason| ForwardError::Unreachable {
+                    peer: self.node_id.to_string(),
+                    reason,
+                })
+            }
+        };
+        self.breaker.record(outcome.is_ok());
+        self.metrics
+            .breaker_state(&self.node_id, self.breaker.state());
+        outcome
+    }
+
+    async fn send_once(
+        &self,
+        items: Vec<pb::ForwardItem>,
+    ) -> Result<Vec<pb::ForwardResult>, ForwardError> {
+        let n = items.len();
+        let started = Instant::now();
+        self.metrics.rpc_attempt(&self.node_id);
+        if let Some(e) = self.cut().await {
+            self.metrics.forward_error(&self.node_id, "timeout");
+            return Err(e);
+        }
+        let mut request = tonic::Request::new(pb::ForwardRequest {
+            protocol_version: PEER_PROTOCOL_VERSION,
+            ring_epoch: self.epoch.load(Ordering::Relaxed),
+            from_node: self.self_id.to_string(),
+            items,
+        });
+        self.authorize(&mut request);
         let unreachable = |reason: String| ForwardError::Unreachable {
             peer: self.node_id.to_string(),
             reason,

@@ -44,7 +44,7 @@ pub fn limit_from_wire(l: &pb::Limit, bounds: &Bounds) -> Result<Spec, String> {
     Spec::with_bounds(algorithm, l.limit, period, l.burst, bounds).map_err(|e| e.to_string())
 }
 
-pub fn decision_to_wire(d: &Decision, owner: &str) -> pb::Decision {
+pub fn decision_to_wire(d: &Decision, owner: &str, approximate: bool) -> pb::Decision {
     pb::Decision {
         reason: match d.reason {
             algorithm::Reason::WithinLimit => 1,
@@ -57,6 +57,7 @@ pub fn decision_to_wire(d: &Decision, owner: &str) -> pb::Decision {
         retry_after_ns: d.retry_after,
         delay_ns: d.delay,
         owner: owner.to_string(),
+        approximate,
     }
 }
 

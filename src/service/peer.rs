@@ -6,7 +6,7 @@ use tonic::{Request, Response, Status};
 use crate::algorithm::{Bounds, Request as Cost};
 use crate::cluster::auth::{Secret, TOKEN_HEADER};
 use crate::cluster::wire;
-use crate::limiter::{Check, Forwarded, LimitRef, Limiter};
+use crate::limiter::{Absorb, Check, Forwarded, LimitRef, Limiter, ReportOutcome};
 use crate::proto::PEER_PROTOCOL_VERSION;
 use crate::proto::peer as pb;
 use crate::proto::peer::peer_server::Peer;
@@ -52,18 +52,78 @@ impl PeerService {
                 nodelay: item.nodelay,
             },
             unbatched: false,
+            on_owner_unreachable: None,
         };
         match self
             .limiter
             .decide_forwarded(&check, &spec, item.redirected, item.deadline_ns)
         {
-            Forwarded::Decided(d) => {
-                R::Decision(wire::decision_to_wire(&d, self.limiter.node_id()))
-            }
+            Forwarded::Decided {
+                decision,
+                approximate,
+            } => R::Decision(wire::decision_to_wire(
+                &decision,
+                self.limiter.node_id(),
+                approximate,
+            )),
             Forwarded::Redirect(node_id) => R::Redirect(pb::Redirect {
                 node_id: node_id.to_string(),
             }),
             Forwarded::Expired => R::Expired(pb::Expired {}),
+        }
+    }
+}
+
+impl PeerService {
+    /// Refuse calls without a valid peer token (when a secret is set), from
+    /// a protocol more than one version apart, or with too many items.
+    fn admit<T>(&self, request: &Request<T>, version: u32, items: usize) -> Result<(), Status> {
+        let token = request
+            .metadata()
+            .get(TOKEN_HEADER)
+            .and_then(|v| v.to_str().ok());
+        if let Err(why) = self.secret.check_peer_token(token) {
+            return Err(Status::unauthenticated(format!("peer call refused: {why}")));
+        }
+        if version.abs_diff(PEER_PROTOCOL_VERSION) > 1 {
+            return Err(Status::failed_precondition(format!(
+                "protocol_version: this node speaks {PEER_PROTOCOL_VERSION}, got {version}"
+            )));
+        }
+        if items > self.max_items {
+            return Err(Status::resource_exhausted(format!(
+                "items: at most {} per call, got {items}",
+                self.max_items
+            )));
+        }
+        Ok(())
+    }
+
+    fn absorb(&self, from: &str, item: &pb::ReportItem) -> pb::ReportOutcome {
+        let spec = match item
+            .limit
+            .as_ref()
+            .map(|l| wire::limit_from_wire(l, &self.bounds))
+        {
+            Some(Ok(spec)) => spec,
+            _ => return pb::ReportOutcome::Invalid,
+        };
+        if item.name.is_empty() || item.unique_key.is_empty() || from.is_empty() {
+            return pb::ReportOutcome::Invalid;
+        }
+        let report = Absorb {
+            edge: from,
+            seq: item.seq,
+            hits: item.hits,
+            at: item.at_ns,
+        };
+        let outcome = self
+            .limiter
+            .absorb_report(&item.name, &item.unique_key, &spec, &report);
+        match outcome {
+            ReportOutcome::Applied => pb::ReportOutcome::Applied,
+            ReportOutcome::Duplicate => pb::ReportOutcome::Duplicate,
+            ReportOutcome::NotOwner => pb::ReportOutcome::NotOwner,
         }
     }
 }
@@ -74,27 +134,12 @@ impl Peer for PeerService {
         &self,
         request: Request<pb::ForwardRequest>,
     ) -> Result<Response<pb::ForwardResponse>, Status> {
-        let token = request
-            .metadata()
-            .get(TOKEN_HEADER)
-            .and_then(|v| v.to_str().ok());
-        if let Err(why) = self.secret.check_peer_token(token) {
-            return Err(Status::unauthenticated(format!("peer call refused: {why}")));
-        }
+        self.admit(
+            &request,
+            request.get_ref().protocol_version,
+            request.get_ref().items.len(),
+        )?;
         let r = request.into_inner();
-        if r.protocol_version.abs_diff(PEER_PROTOCOL_VERSION) > 1 {
-            return Err(Status::failed_precondition(format!(
-                "protocol_version: this node speaks {PEER_PROTOCOL_VERSION}, got {}",
-                r.protocol_version
-            )));
-        }
-        if r.items.len() > self.max_items {
-            return Err(Status::resource_exhausted(format!(
-                "items: at most {} per forward, got {}",
-                self.max_items,
-                r.items.len()
-            )));
-        }
         let results = r
             .items
             .iter()
@@ -106,5 +151,23 @@ impl Peer for PeerService {
             ring_epoch: self.limiter.ring().epoch(),
             results,
         }))
+    }
+
+    async fn report(
+        &self,
+        request: Request<pb::ReportRequest>,
+    ) -> Result<Response<pb::ReportResponse>, Status> {
+        self.admit(
+            &request,
+            request.get_ref().protocol_version,
+            request.get_ref().items.len(),
+        )?;
+        let r = request.into_inner();
+        let outcomes = r
+            .items
+            .iter()
+            .map(|item| self.absorb(&r.from_node, item) as i32)
+            .collect();
+        Ok(Response::new(pb::ReportResponse { outcomes }))
     }
 }

@@ -1,7 +1,10 @@
 //! `sluice.v1.RateLimiter`: the public API. Converts, calls the limiter,
 //! converts back — no business rules here.
 
+use std::sync::Arc;
 use std::time::Instant;
+
+use tokio::sync::Semaphore;
 
 use tonic::{Request, Response, Status};
 
@@ -14,11 +17,18 @@ use crate::proto::v1::rate_limiter_server::RateLimiter;
 pub struct RateLimiterService {
     limiter: Limiter,
     limits: Limits,
+    /// Calls in progress; a call that finds none left is shed, not queued.
+    in_flight: Arc<Semaphore>,
 }
 
 impl RateLimiterService {
     pub fn new(limiter: Limiter, limits: Limits) -> RateLimiterService {
-        RateLimiterService { limiter, limits }
+        let in_flight = Arc::new(Semaphore::new(limits.max_in_flight_checks.max(1)));
+        RateLimiterService {
+            limiter,
+            limits,
+            in_flight,
+        }
     }
 }
 
@@ -38,6 +48,24 @@ impl RateLimiter for RateLimiterService {
                 requests.len()
             )));
         }
+        let Ok(_permit) = self.in_flight.clone().try_acquire_owned() else {
+            // Saturated: answer at once with a typed reason instead of
+            // queueing work whose caller may already have given up.
+            self.limiter.metrics().overloaded.inc();
+            let responses = requests
+                .into_iter()
+                .map(|r| {
+                    let mut response = wire::overloaded();
+                    response.request_id = r.request_id;
+                    response.metadata = r.metadata;
+                    response
+                })
+                .collect();
+            return Ok(Response::new(pb::CheckResponse { responses }));
+        };
+        let in_flight =
+            self.limits.max_in_flight_checks.max(1) - self.in_flight.available_permits();
+        self.limiter.metrics().in_flight.set(in_flight as i64);
         let checks = requests
             .iter()
             .map(|r| wire::check_from_wire(r, &self.limits))

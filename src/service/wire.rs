@@ -5,6 +5,7 @@
 use crate::algorithm::{Algorithm, Bounds, CalendarUnit, Period, Request, Spec};
 use crate::config::Limits;
 use crate::limiter::{Check, ItemError, LimitRef, Reason, Status, Verdict};
+use crate::policy::OnOwnerUnreachable;
 use crate::proto::v1 as pb;
 
 const NANOS_PER_MS: u64 = 1_000_000;
@@ -49,6 +50,18 @@ pub fn check_from_wire(r: &pb::RateLimitRequest, limits: &Limits) -> Result<Chec
             nodelay: r.nodelay,
         },
         unbatched: r.skip_batching,
+        on_owner_unreachable: match pb::OwnerUnreachable::try_from(r.on_owner_unreachable) {
+            Ok(pb::OwnerUnreachable::Unspecified) => None,
+            Ok(pb::OwnerUnreachable::LocalShare) => Some(OnOwnerUnreachable::LocalShare),
+            Ok(pb::OwnerUnreachable::Allow) => Some(OnOwnerUnreachable::Allow),
+            Ok(pb::OwnerUnreachable::Deny) => Some(OnOwnerUnreachable::Deny),
+            Err(_) => {
+                return Err(ItemError::new(
+                    "on_owner_unreachable",
+                    format!("unknown value {}", r.on_owner_unreachable),
+                ));
+            }
+        },
     })
 }
 
@@ -202,6 +215,15 @@ pub fn verdict_to_wire(v: &Verdict) -> pb::RateLimitResponse {
         delay_ms: ms_up(d.delay),
         approximate: v.approximate,
         owner: v.owner.to_string(),
+        ..Default::default()
+    }
+}
+
+/// An item shed because the node is saturated.
+pub fn overloaded() -> pb::RateLimitResponse {
+    pb::RateLimitResponse {
+        status: pb::Status::Unavailable as i32,
+        reason: pb::Reason::Overloaded as i32,
         ..Default::default()
     }
 }

@@ -3,6 +3,8 @@
 //! replication (`reset_gen`, `version`), usage for top-keys, and the CLOCK
 //! bit for eviction.
 
+use std::sync::Arc;
+
 use crate::algorithm::{Decision, Limited, Nanos, Request, Spec};
 
 /// A stored key (DESIGN §3: `{algorithm, limit, duration or window, burst,
@@ -21,6 +23,13 @@ pub struct Entry {
     /// Set on every access, cleared by the eviction hand: a key used since
     /// the hand last passed gets a second chance.
     referenced: bool,
+    /// The last consumption report applied from each edge, by sequence
+    /// number, so a retried report is never counted twice. One slot per
+    /// edge that reported this key: bounded by the cluster's size.
+    reports: Vec<(Arc<str>, u64)>,
+    /// Until this time, answers for this key are approximate: it was seeded
+    /// from what an edge saw, not from the owner's own count.
+    approximate_until: Nanos,
 }
 
 /// A read-only view of an entry, for admin answers.
@@ -38,15 +47,60 @@ pub struct View {
 
 impl Entry {
     pub fn new(spec: Spec, now: Nanos) -> Entry {
+        Entry::from_limited(Limited::new(spec, now), now)
+    }
+
+    /// An entry that has consumed `tokens` already at `now`.
+    pub fn seeded(spec: Spec, tokens: u64, now: Nanos) -> Entry {
+        Entry::from_limited(Limited::seeded(spec, tokens, now), now)
+    }
+
+    fn from_limited(limited: Limited, now: Nanos) -> Entry {
         Entry {
-            limited: Limited::new(spec, now),
+            limited,
             reset_gen: 0,
             version: 0,
             hits: 0,
             refusals: 0,
             last_seen: now,
             referenced: true,
+            reports: Vec::new(),
+            approximate_until: 0,
         }
+    }
+
+    /// Replace the state by one that has consumed `tokens` at `at` (an
+    /// authoritative figure seen from elsewhere).
+    pub fn observe(&mut self, spec: Spec, tokens: u64, at: Nanos) {
+        self.limited = Limited::seeded(spec, tokens, at);
+        self.version += 1;
+        self.last_seen = self.last_seen.max(at);
+        self.referenced = true;
+    }
+
+    /// Add consumption an edge reports, once per `(edge, seq)`: a report
+    /// with a sequence number at or below the last applied from that edge is
+    /// a retry and changes nothing. Returns whether it was applied.
+    pub fn absorb_report(&mut self, edge: &str, seq: u64, hits: u64, at: Nanos) -> bool {
+        match self.reports.iter_mut().find(|(e, _)| &**e == edge) {
+            Some((_, last)) if *last >= seq => return false,
+            Some((_, last)) => *last = seq,
+            None => self.reports.push((Arc::from(edge), seq)),
+        }
+        self.limited.absorb(hits, at);
+        self.version += 1;
+        self.last_seen = self.last_seen.max(at);
+        self.referenced = true;
+        true
+    }
+
+    /// Answers stay approximate until `until`.
+    pub fn mark_approximate(&mut self, until: Nanos) {
+        self.approximate_until = self.approximate_until.max(until);
+    }
+
+    pub fn is_approximate(&self, now: Nanos) -> bool {
+        now < self.approximate_until
     }
 
     pub fn decide(&mut self, spec: &Spec, req: Request, now: Nanos) -> Decision {

@@ -26,10 +26,27 @@ use dashmap::mapref::entry::Entry as MapEntry;
 
 pub use entry::{Entry, View};
 
-use crate::algorithm::{Decision, Nanos, Request, Spec, State};
+use crate::algorithm::{Decision, Nanos, Request, Spec};
 
 /// How many unreferenced keys the eviction hand compares per eviction.
 const SAMPLE: usize = 8;
+
+/// How a key not in memory starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seed {
+    /// Nothing consumed (a key nobody has seen).
+    Fresh,
+    /// This many whole tokens already consumed, at the decision's time.
+    Consumed(u64),
+}
+
+/// A decision and how the key's state came to be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub decision: Decision,
+    /// The state was seeded from an estimate, not the owner's own count.
+    pub approximate: bool,
+}
 
 /// What to rank top keys by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,26 +108,137 @@ impl Store {
     /// A peek or a deny-all spec on a key not in memory answers from a fresh
     /// state without storing anything: reads never grow the table.
     pub fn decide(&self, key: &[u8], spec: &Spec, req: Request, now: Nanos) -> Decision {
+        self.decide_seeded(key, spec, req, now, Seed::Fresh, 0)
+            .decision
+    }
+
+    /// Decide, starting a key not in memory from `seed`; a seeded key's
+    /// answers are approximate until `approximate_until`.
+    pub fn decide_seeded(
+        &self,
+        key: &[u8],
+        spec: &Spec,
+        req: Request,
+        now: Nanos,
+        seed: Seed,
+        approximate_until: Nanos,
+    ) -> Outcome {
         if let Some(mut e) = self.map.get_mut(key) {
-            return e.decide(spec, req, now);
+            return Outcome {
+                decision: e.decide(spec, req, now),
+                approximate: e.is_approximate(now),
+            };
         }
+        let fresh = |spec: &Spec| match seed {
+            Seed::Fresh => Entry::new(*spec, now),
+            Seed::Consumed(tokens) => {
+                let mut e = Entry::seeded(*spec, tokens, now);
+                e.mark_approximate(approximate_until);
+                e
+            }
+        };
         if req.hits == 0 || spec.limit() == 0 {
-            return State::fresh(spec, now).decide(spec, req, now);
+            let mut probe = fresh(spec);
+            return Outcome {
+                decision: probe.decide(spec, req, now),
+                approximate: probe.is_approximate(now),
+            };
         }
         self.make_room(now);
         let key: Arc<[u8]> = Arc::from(key);
-        let decision = match self.map.entry(key.clone()) {
-            MapEntry::Occupied(mut o) => return o.get_mut().decide(spec, req, now),
+        let outcome = match self.map.entry(key.clone()) {
+            MapEntry::Occupied(mut o) => {
+                let e = o.get_mut();
+                return Outcome {
+                    decision: e.decide(spec, req, now),
+                    approximate: e.is_approximate(now),
+                };
+            }
             MapEntry::Vacant(v) => {
-                let mut e = Entry::new(*spec, now);
-                let d = e.decide(spec, req, now);
+                let mut e = fresh(spec);
+                let outcome = Outcome {
+                    decision: e.decide(spec, req, now),
+                    approximate: e.is_approximate(now),
+                };
                 v.insert(e);
-                d
+                outcome
             }
         };
         self.count.fetch_add(1, Ordering::Relaxed);
         self.ring_lock().push_back(key);
-        decision
+        outcome
+    }
+
+    /// Run `f` on the key's entry, creating it with `create` if missing.
+    fn upsert<R>(
+        &self,
+        key: &[u8],
+        now: Nanos,
+        create: impl FnOnce() -> Entry,
+        f: impl FnOnce(&mut Entry) -> R,
+    ) -> R {
+        if let Some(mut e) = self.map.get_mut(key) {
+            return f(&mut e);
+        }
+        self.make_room(now);
+        let key: Arc<[u8]> = Arc::from(key);
+        let (r, created) = match self.map.entry(key.clone()) {
+            MapEntry::Occupied(mut o) => (f(o.get_mut()), false),
+            MapEntry::Vacant(v) => {
+                let mut e = create();
+                let r = f(&mut e);
+                v.insert(e);
+                (r, true)
+            }
+        };
+        if created {
+            self.count.fetch_add(1, Ordering::Relaxed);
+            self.ring_lock().push_back(key);
+        }
+        r
+    }
+
+    /// Record an authoritative view of a key: `remaining` whole tokens left
+    /// at `at` (what an owner answered).
+    pub fn observe(&self, key: &[u8], spec: &Spec, remaining: u64, at: Nanos) {
+        let tokens = spec.capacity().saturating_sub(remaining);
+        self.upsert(
+            key,
+            at,
+            || Entry::seeded(*spec, tokens, at),
+            |e| e.observe(*spec, tokens, at),
+        );
+    }
+
+    /// Apply an edge's report of `hits` admitted at `at`, once per
+    /// `(edge, seq)`; a key not in memory starts from `seed` (as a decision
+    /// would). Returns whether it was applied (false: a retry).
+    pub fn absorb_report(
+        &self,
+        key: &[u8],
+        spec: &Spec,
+        report: (&str, u64, u64, Nanos),
+        seed: Seed,
+        approximate_until: Nanos,
+    ) -> bool {
+        let (edge, seq, hits, at) = report;
+        let create = || match seed {
+            Seed::Fresh => Entry::new(*spec, at),
+            Seed::Consumed(tokens) => {
+                let mut e = Entry::seeded(*spec, tokens, at);
+                e.mark_approximate(approximate_until);
+                e
+            }
+        };
+        self.upsert(key, at, create, |e| e.absorb_report(edge, seq, hits, at))
+    }
+
+    /// Whole tokens the key has left at `now`, if it is in memory.
+    pub fn remaining(&self, key: &[u8], now: Nanos) -> Option<(Spec, u64)> {
+        self.map.get(key).map(|e| {
+            let v = e.view(now);
+            (v.spec, v.remaining)
+        })
     }
 
     /// Forget a key's consumption (an admin reset). Returns whether it existed.

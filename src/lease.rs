@@ -1,0 +1,281 @@
+//! Leases: an allotment of a key's limit that an edge spends without asking
+//! the owner (DESIGN §4). Fallback uses them when an owner is unreachable;
+//! tiered mode for hot keys will reuse them.
+//!
+//! **Sizing.** A lease is `1/N` of the limit: tokens start at
+//! `min(limit, r + refill since t) / N` — `r` the last `remaining` the owner
+//! told this edge, at `t` (0 for a key never seen) — refill at `rate / N`,
+//! capacity `burst / N`. Rather than a second arithmetic, a lease is the
+//! owner's state *as this edge last saw it* (seeded from `r` at `t` and
+//! refilled by the algorithm itself) on which every hit costs `N`: `hits ≤
+//! tokens / N` ⟺ `N × hits ≤ tokens`. The algorithms' exact fixed point keeps
+//! fractions, so a limit of 1 split 3 ways is 1/3 of a token (which admits
+//! nothing: a fleet-wide 1 cannot be split, and the lease says so).
+//!
+//! **Reports.** What an edge admits on a lease is reported to the key's
+//! owner once it is reachable again, and the owner `absorb`s it. Each report
+//! carries a sequence number from a counter that only grows (seeded from the
+//! boot time, so a restarted edge continues above its old numbers); the owner
+//! applies a report only if its number is above the last it applied from that
+//! edge for that key. A report is retried, unchanged, until acknowledged —
+//! never dropped, never counted twice. Hits admitted meanwhile wait for the
+//! next report.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::algorithm::{Decision, Nanos, Reason, Request, Spec};
+use crate::store::{Seed, Store};
+
+/// One report of lease consumption, as sent (and resent until acknowledged).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Report {
+    pub key: Arc<[u8]>,
+    pub spec: Spec,
+    pub seq: u64,
+    pub hits: u64,
+    pub at: Nanos,
+}
+
+#[derive(Debug)]
+struct Pending {
+    spec: Spec,
+    /// Admitted since the report in flight was cut.
+    unsent: u64,
+    last_at: Nanos,
+    /// Sent, not yet acknowledged: resent unchanged.
+    in_flight: Option<Report>,
+}
+
+/// An edge's leases and their unreported consumption. Cheap to clone.
+#[derive(Clone)]
+pub struct Leases {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// Owners' states as this edge last saw them, spent at `N×` by leases.
+    seen: Store,
+    /// Unreported consumption by key. A std Mutex: held for map operations
+    /// only, and only leases and the report flusher take it.
+    pending: Mutex<HashMap<Arc<[u8]>, Pending>>,
+    max_pending: usize,
+    seq: AtomicU64,
+}
+
+impl Leases {
+    /// `max_keys` bounds both the keys remembered and the keys with
+    /// unreported consumption; `seq_base` must grow across restarts (boot
+    /// time in ns).
+    pub fn new(max_keys: usize, seq_base: u64) -> Leases {
+        Leases {
+            inner: Arc::new(Inner {
+                seen: Store::new(max_keys),
+                pending: Mutex::new(HashMap::new()),
+                max_pending: max_keys.max(1),
+                seq: AtomicU64::new(seq_base),
+            }),
+        }
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<[u8]>, Pending>> {
+        self.inner.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Remember an owner's authoritative answer for `key`.
+    pub fn observe(&self, key: &[u8], spec: &Spec, d: &Decision, now: Nanos) {
+        self.inner.seen.observe(key, spec, d.remaining, now);
+    }
+
+    /// The `remaining` the owner last told this edge, refilled since (and
+    /// less what this edge's leases spent), if it saw the key at all.
+    pub fn seen_remaining(&self, key: &[u8], now: Nanos) -> Option<u64> {
+        self.inner.seen.remaining(key, now).map(|(_, r)| r)
+    }
+
+    /// Keys remembered (for metrics).
+    pub fn remembered(&self) -> usize {
+        self.inner.seen.len()
+    }
+
+    /// Decide on this edge's `1/n` lease. The answer's `remaining` is the
+    /// lease's. A refusal because the table of unreported consumption is full
+    /// keeps memory bounded without losing a count.
+    pub fn decide(&self, key: &[u8], spec: &Spec, req: Request, n: u64, now: Nanos) -> Decision {
+        let n = n.max(1);
+        let full = {
+            let pending = self.pending();
+            pending.len() >= self.inner.max_pending && !pending.contains_key(key)
+        };
+        let scaled = Request {
+            hits: if full {
+                u64::MAX
+            } else {
+                req.hits.saturating_mul(n)
+            },
+            ..req
+        };
+        let mut d = self
+            .inner
+            .seen
+            .decide_seeded(key, spec, scaled, now, Seed::Consumed(spec.capacity()), 0)
+            .decision;
+        d.remaining /= n;
+        if d.reason == Reason::CostExceedsCapacity && req.hits <= spec.capacity() {
+            // Within the limit's capacity but not the lease's: a refusal
+            // with no exact time to retry, not an impossible request.
+            d.reason = Reason::LimitExceeded;
+            d.retry_after = None;
+        }
+        if d.reason == Reason::WithinLimit && req.hits > 0 {
+            let mut pending = self.pending();
+            let p = pending.entry(Arc::from(key)).or_insert_with(|| Pending {
+                spec: *spec,
+                unsent: 0,
+                last_at: now,
+                in_flight: None,
+            });
+            p.spec = *spec;
+            p.unsent = p.unsent.saturating_add(req.hits);
+            p.last_at = p.last_at.max(now);
+        }
+        d
+    }
+
+    /// The reports to send now: each key's in-flight report, cutting a new
+    /// one from unsent hits where none is in flight.
+    pub fn reports(&self) -> Vec<Report> {
+        let mut pending = self.pending();
+        pending
+            .iter_mut()
+            .filter_map(|(key, p)| {
+                if p.in_flight.is_none() && p.unsent > 0 {
+                    p.in_flight = Some(Report {
+                        key: key.clone(),
+                        spec: p.spec,
+                        seq: self.inner.seq.fetch_add(1, Ordering::Relaxed) + 1,
+                        hits: std::mem::take(&mut p.unsent),
+                        at: p.last_at,
+                    });
+                }
+                p.in_flight.clone()
+            })
+            .collect()
+    }
+
+    /// The owner applied (or had already applied) this report.
+    pub fn acknowledge(&self, report: &Report) {
+        let mut pending = self.pending();
+        if let Some(p) = pending.get_mut(&report.key) {
+            if p.in_flight.as_ref().is_some_and(|r| r.seq == report.seq) {
+                p.in_flight = None;
+            }
+            if p.in_flight.is_none() && p.unsent == 0 {
+                pending.remove(&report.key);
+            }
+        }
+    }
+
+    /// Hits admitted on leases and not yet acknowledged by an owner.
+    pub fn unreported(&self) -> u64 {
+        self.pending()
+            .values()
+            .map(|p| p.unsent + p.in_flight.as_ref().map_or(0, |r| r.hits))
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Algorithm, Period};
+    use crate::store::key;
+
+    const S: u64 = 1_000_000_000;
+
+    fn spec(limit: u64) -> Spec {
+        Spec::new(
+            Algorithm::TokenBucket,
+            limit,
+            Period::Duration(60 * S),
+            None,
+        )
+        .unwrap()
+    }
+
+    fn admitted(l: &Leases, k: &[u8], sp: &Spec, n: u64, now: Nanos, tries: usize) -> usize {
+        (0..tries)
+            .filter(|_| l.decide(k, sp, Request::hits(1), n, now).allowed())
+            .count()
+    }
+
+    #[test]
+    fn a_lease_is_one_nth_of_what_the_owner_last_said() {
+        let l = Leases::new(100, 0);
+        let k = key::encode("n", "k");
+        let sp = spec(90);
+        // The owner said 30 left at t=0: this edge's share is 10.
+        let seen = Decision {
+            reason: Reason::WithinLimit,
+            limit: 90,
+            remaining: 30,
+            reset_at: 0,
+            retry_after: None,
+            delay: 0,
+        };
+        l.observe(&k, &sp, &seen, 0);
+        assert_eq!(admitted(&l, &k, &sp, 3, 0, 20), 10);
+        // It refills at rate/N: 90 per minute / 3 = 1 every 2 s.
+        assert_eq!(admitted(&l, &k, &sp, 3, 2 * S, 5), 1);
+    }
+
+    #[test]
+    fn a_key_never_seen_starts_empty_and_limit_one_cannot_be_split() {
+        let l = Leases::new(100, 0);
+        let k = key::encode("n", "new");
+        assert_eq!(admitted(&l, &k, &spec(90), 3, 0, 5), 0);
+        assert_eq!(
+            admitted(&l, &k, &spec(90), 3, 2 * S, 5),
+            1,
+            "refills from empty"
+        );
+        let one = key::encode("n", "one");
+        let d = l.decide(&one, &spec(1), Request::hits(1), 3, 600 * S);
+        assert_eq!(
+            d.reason,
+            Reason::LimitExceeded,
+            "1/3 of a token never admits"
+        );
+    }
+
+    #[test]
+    fn reports_are_resent_unchanged_until_acknowledged() {
+        let l = Leases::new(100, 1_000);
+        let k = key::encode("n", "k");
+        let sp = spec(600);
+        l.decide(&k, &sp, Request::hits(0), 3, 0); // a peek reports nothing
+        assert!(
+            !l.decide(&k, &sp, Request::hits(1), 3, 0).allowed(),
+            "starts empty"
+        );
+        assert!(
+            l.reports().is_empty(),
+            "nothing admitted, nothing to report"
+        );
+        assert_eq!(admitted(&l, &k, &sp, 3, 300 * S, 4), 4);
+        let first = l.reports();
+        assert_eq!(first.len(), 1);
+        assert_eq!((first[0].seq, first[0].hits), (1_001, 4));
+        // Admitted while the report is in flight: held for the next one.
+        assert_eq!(admitted(&l, &k, &sp, 3, 300 * S, 2), 2);
+        assert_eq!(l.reports(), first, "a retry is the same report");
+        l.acknowledge(&first[0]);
+        let second = l.reports();
+        assert_eq!((second[0].seq, second[0].hits), (1_002, 2));
+        assert_eq!(l.unreported(), 2);
+        l.acknowledge(&second[0]);
+        assert!(l.reports().is_empty());
+        assert_eq!(l.unreported(), 0);
+    }
+}

@@ -1,0 +1,329 @@
+//! The `Limiter`: the one handle the services call.
+//!
+//! It ties the store, the policies, the ring and peers, the leases, the
+//! clock and the metrics together. Services convert wire messages to
+//! [`Check`]s and [`Verdict`]s back; all the business rules (policy
+//! resolution, ownership, forwarding, fallback, shadow mode, counting) live
+//! here. Cheap to clone: a handle over `Arc<Shared>`.
+//!
+//! - [`mod@self`]: the handle, the batch entry point, admin operations;
+//! - `owner`: deciding keys this node owns, for itself or for an edge;
+//! - `fallback`: forwarding to owners, and deciding without them.
+
+mod fallback;
+mod owner;
+mod types;
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+pub use types::{
+    Absorb, Check, Forwarded, ItemError, LimitRef, Reason, ReportOutcome, Status, Verdict,
+};
+
+use crate::algorithm::{self, Decision, Nanos, Spec};
+use crate::clock::SharedClock;
+use crate::cluster::membership::ClusterView;
+use crate::cluster::peers::Peers;
+use crate::cluster::ring::Ring;
+use crate::lease::Leases;
+use crate::metrics::Metrics;
+use crate::policy::{OnOwnerUnreachable, Policies, Policy};
+use crate::store::{Store, TopBy, View, key};
+
+/// How the limiter behaves in a cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterSettings {
+    /// After a ring change, how long a new owner seeds keys whose previous
+    /// owner is gone.
+    pub ownership_grace: Nanos,
+}
+
+/// Everything a limiter is built from.
+pub struct Parts {
+    pub node_id: String,
+    pub store: Arc<Store>,
+    pub policies: Policies,
+    pub clock: SharedClock,
+    pub metrics: Arc<Metrics>,
+    /// None: a single node that never forwards.
+    pub peers: Option<Peers>,
+    pub leases: Leases,
+    pub settings: ClusterSettings,
+}
+
+/// What the limiter knows of the cluster, swapped whole on each change.
+#[derive(Debug, Default)]
+struct Topology {
+    ring: Arc<Ring>,
+    /// The ring before the last change, and when it changed.
+    previous: Arc<Ring>,
+    changed_at: Nanos,
+    /// `N`, the remembered cluster size that sizes leases.
+    size: u64,
+    /// Seeing fewer than a majority of `N`: every key on leases.
+    minority: bool,
+}
+
+#[derive(Clone)]
+pub struct Limiter {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    node_id: Arc<str>,
+    store: Arc<Store>,
+    /// Swapped whole on a config reload; read lock-free per request.
+    policies: ArcSwap<Policies>,
+    clock: SharedClock,
+    metrics: Arc<Metrics>,
+    topology: ArcSwap<Topology>,
+    peers: Option<Peers>,
+    leases: Leases,
+    settings: ClusterSettings,
+}
+
+/// A check resolved against the policies: what to decide and how to report it.
+struct Resolved<'a> {
+    check: &'a Check,
+    spec: Spec,
+    shadow: bool,
+    fallback: OnOwnerUnreachable,
+    label: Arc<str>,
+}
+
+impl Limiter {
+    pub fn new(parts: Parts) -> Limiter {
+        Limiter {
+            shared: Arc::new(Shared {
+                node_id: Arc::from(parts.node_id.as_str()),
+                store: parts.store,
+                policies: ArcSwap::from_pointee(parts.policies),
+                clock: parts.clock,
+                metrics: parts.metrics,
+                topology: ArcSwap::from_pointee(Topology {
+                    size: 1,
+                    ..Topology::default()
+                }),
+                peers: parts.peers,
+                leases: parts.leases,
+                settings: parts.settings,
+            }),
+        }
+    }
+
+    /// Follow a new cluster view (membership calls this on every change).
+    pub fn set_view(&self, view: &ClusterView) {
+        let old = self.shared.topology.load_full();
+        let ready = view.ring.members().len() as u64;
+        let size = view.size as u64;
+        let minority = ready * 2 <= size && size > 1;
+        let changed = old.ring.epoch() != view.ring.epoch();
+        if let Some(peers) = &self.shared.peers {
+            peers.sync(&view.ring);
+        }
+        self.shared.topology.store(Arc::new(Topology {
+            ring: view.ring.clone(),
+            previous: if changed {
+                old.ring.clone()
+            } else {
+                old.previous.clone()
+            },
+            changed_at: if changed { self.now() } else { old.changed_at },
+            size,
+            minority,
+        }));
+        self.shared
+            .metrics
+            .cluster
+            .minority
+            .set(i64::from(minority));
+        if minority != old.minority {
+            tracing::warn!(
+                ready,
+                size,
+                minority,
+                "majority of the cluster {}",
+                if minority {
+                    "lost: every key on leases"
+                } else {
+                    "regained"
+                }
+            );
+        }
+    }
+
+    pub fn ring(&self) -> Arc<Ring> {
+        self.shared.topology.load().ring.clone()
+    }
+
+    pub fn node_id(&self) -> &Arc<str> {
+        &self.shared.node_id
+    }
+
+    pub fn now(&self) -> Nanos {
+        self.shared.clock.now()
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.shared.store
+    }
+
+    pub fn leases(&self) -> &Leases {
+        &self.shared.leases
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.shared.metrics
+    }
+
+    /// Replace the named policies (config reload).
+    pub fn set_policies(&self, policies: Policies) {
+        self.shared.policies.store(Arc::new(policies));
+    }
+
+    pub fn policies(&self) -> Arc<Policies> {
+        self.shared.policies.load_full()
+    }
+
+    /// Decide one check (see [`Limiter::check_batch`]).
+    pub async fn check(&self, check: Check) -> Result<Verdict, ItemError> {
+        self.check_batch(vec![Ok(check)]).await.remove(0)
+    }
+
+    /// Decide a batch, in order: keys this node owns here, the others at
+    /// their owners — forwarded in parallel, one micro-batch per owner —
+    /// or on leases when the owners cannot be reached. Invalid items stay
+    /// errors; they never fail the batch.
+    pub async fn check_batch(
+        &self,
+        items: Vec<Result<Check, ItemError>>,
+    ) -> Vec<Result<Verdict, ItemError>> {
+        let policies = self.shared.policies.load_full();
+        let topology = self.shared.topology.load_full();
+        let mut out: Vec<Option<Result<Verdict, ItemError>>> = vec![None; items.len()];
+        let mut remote = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            let resolved = match item
+                .as_ref()
+                .map_err(Clone::clone)
+                .and_then(|c| self.resolve(c, &policies))
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    out[i] = Some(Err(e));
+                    continue;
+                }
+            };
+            if topology.minority {
+                out[i] = Some(Ok(self.fallback(&resolved, &topology, true)));
+                continue;
+            }
+            let owner = key::with_encoded(&resolved.check.name, &resolved.check.unique_key, |k| {
+                topology.ring.owner(k).map(|m| m.node_id.clone())
+            });
+            match owner {
+                Some(owner) if owner != self.shared.node_id && self.shared.peers.is_some() => {
+                    let topology = topology.clone();
+                    remote
+                        .push(async move { (i, self.forward(&resolved, owner, &topology).await) });
+                }
+                _ => out[i] = Some(Ok(self.decide_here(&resolved, &topology))),
+            }
+        }
+        for (i, verdict) in futures::future::join_all(remote).await {
+            out[i] = Some(Ok(verdict));
+        }
+        out.into_iter()
+            .map(|v| v.unwrap_or_else(|| Err(ItemError::new("request", "not decided"))))
+            .collect()
+    }
+
+    fn resolve<'a>(
+        &self,
+        check: &'a Check,
+        policies: &Policies,
+    ) -> Result<Resolved<'a>, ItemError> {
+        let (spec, shadow, policy_fallback, label) = match &check.limit {
+            LimitRef::Inline(spec) => (
+                *spec,
+                false,
+                OnOwnerUnreachable::default(),
+                Arc::from(check.name.as_str()),
+            ),
+            LimitRef::Policy(name) => match policies.get(name) {
+                Some(Policy {
+                    spec,
+                    shadow,
+                    name,
+                    on_owner_unreachable,
+                }) => (*spec, *shadow, *on_owner_unreachable, name.clone()),
+                None => return Err(ItemError::new("policy", format!("unknown policy {name:?}"))),
+            },
+        };
+        Ok(Resolved {
+            check,
+            spec,
+            shadow,
+            fallback: check.on_owner_unreachable.unwrap_or(policy_fallback),
+            label,
+        })
+    }
+
+    /// Turn a decision into the edge's verdict, counting it here (at the
+    /// edge) so that each decision is counted once.
+    fn verdict(
+        &self,
+        r: &Resolved<'_>,
+        decision: Decision,
+        owner: Arc<str>,
+        approximate: bool,
+    ) -> Verdict {
+        let reason = match decision.reason {
+            algorithm::Reason::WithinLimit => Reason::WithinLimit,
+            _ if r.shadow => Reason::Shadow,
+            algorithm::Reason::LimitExceeded => Reason::LimitExceeded,
+            algorithm::Reason::CostExceedsCapacity => Reason::CostExceedsCapacity,
+        };
+        self.shared.metrics.decisions.count(&r.label, reason);
+        Verdict {
+            status: reason.status(),
+            reason,
+            decision,
+            approximate,
+            owner,
+        }
+    }
+
+    /// Reset a key (admin). Returns whether it was in memory.
+    pub fn reset(&self, name: &str, unique_key: &str) -> bool {
+        let now = self.now();
+        key::with_encoded(name, unique_key, |k| self.shared.store.reset(k, now))
+    }
+
+    /// Inspect a key (admin).
+    pub fn inspect(&self, name: &str, unique_key: &str) -> Option<View> {
+        let now = self.now();
+        key::with_encoded(name, unique_key, |k| self.shared.store.inspect(k, now))
+    }
+
+    /// The top keys (admin): `(name, unique_key, view)`.
+    pub fn top(&self, by: TopBy, n: usize) -> Vec<(String, String, View)> {
+        self.shared
+            .store
+            .top(by, n, self.now())
+            .into_iter()
+            .filter_map(|(k, v)| {
+                let (name, key) = key::decode(&k)?;
+                Some((name.to_string(), key.to_string(), v))
+            })
+            .collect()
+    }
+
+    /// Forget idle keys now (the background sweeper calls this).
+    pub fn sweep(&self) -> usize {
+        let now = self.now();
+        self.shared.store.sweep(now)
+    }
+}

@@ -1,0 +1,150 @@
+//! The limiter's domain types: what services hand it and what it answers.
+
+use std::sync::Arc;
+
+use crate::algorithm::{Decision, Request, Spec};
+use crate::policy::OnOwnerUnreachable;
+
+/// Which limit a check is against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LimitRef {
+    Inline(Spec),
+    Policy(String),
+}
+
+/// One validated request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Check {
+    pub name: String,
+    pub unique_key: String,
+    pub limit: LimitRef,
+    pub request: Request,
+    /// Forward at once instead of waiting for a batch (latency over throughput).
+    pub unbatched: bool,
+    /// Overrides the policy's choice when the owner is unreachable.
+    pub on_owner_unreachable: Option<OnOwnerUnreachable>,
+}
+
+/// What an owner does with a forwarded item.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Forwarded {
+    /// Decided; `approximate` when the key was seeded from an estimate.
+    Decided {
+        decision: Decision,
+        approximate: bool,
+    },
+    /// Not the owner by this node's ring: this node is.
+    Redirect(Arc<str>),
+    /// Arrived past its deadline: dropped, nothing consumed.
+    Expired,
+}
+
+/// The answer's status (DESIGN §5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Status {
+    UnderLimit,
+    OverLimit,
+    Unavailable,
+}
+
+/// Why — a superset of the algorithm's reasons.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    WithinLimit,
+    LimitExceeded,
+    CostExceedsCapacity,
+    OwnerUnreachable,
+    Overloaded,
+    /// Shadow mode: would have been refused, allowed anyway.
+    Shadow,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 6] = [
+        Reason::WithinLimit,
+        Reason::LimitExceeded,
+        Reason::CostExceedsCapacity,
+        Reason::OwnerUnreachable,
+        Reason::Overloaded,
+        Reason::Shadow,
+    ];
+
+    pub fn status(self) -> Status {
+        match self {
+            Reason::WithinLimit | Reason::Shadow => Status::UnderLimit,
+            Reason::LimitExceeded | Reason::CostExceedsCapacity => Status::OverLimit,
+            Reason::OwnerUnreachable | Reason::Overloaded => Status::Unavailable,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Reason::WithinLimit => "within_limit",
+            Reason::LimitExceeded => "limit_exceeded",
+            Reason::CostExceedsCapacity => "cost_exceeds_capacity",
+            Reason::OwnerUnreachable => "owner_unreachable",
+            Reason::Overloaded => "overloaded",
+            Reason::Shadow => "shadow",
+        }
+    }
+}
+
+impl Status {
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::UnderLimit => "under_limit",
+            Status::OverLimit => "over_limit",
+            Status::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// The answer to one check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    pub status: Status,
+    pub reason: Reason,
+    pub decision: Decision,
+    /// Decided on a lease rather than by the owner.
+    pub approximate: bool,
+    pub owner: Arc<str>,
+}
+
+/// A request that could not be decided, naming the field at fault.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct ItemError {
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl ItemError {
+    pub fn new(field: &'static str, message: impl Into<String>) -> ItemError {
+        ItemError {
+            field,
+            message: message.into(),
+        }
+    }
+}
+
+/// What an owner did with an edge's lease report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReportOutcome {
+    Applied,
+    /// Already applied: a retry, not counted again.
+    Duplicate,
+    /// Not this node's key: the edge sends it to the owner.
+    NotOwner,
+}
+
+/// One lease report, as the owner absorbs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Absorb<'a> {
+    /// The reporting edge's node id.
+    pub edge: &'a str,
+    /// Grows with every report the edge cuts.
+    pub seq: u64,
+    pub hits: u64,
+    /// When the last of the hits was admitted.
+    pub at: crate::algorithm::Nanos,
+}
