@@ -53,6 +53,8 @@ struct Tally {
     errors: usize,
     unavailable: usize,
     approximate: usize,
+    /// Per-check latency seen by the client (a benchmark figure, printed).
+    latencies: Vec<Duration>,
 }
 
 impl Tally {
@@ -68,6 +70,14 @@ impl Tally {
             self.approximate += 1;
         }
         *self.admitted.entry(k.into()).or_default() += i64::from(under(r));
+    }
+
+    fn p99(&self) -> Duration {
+        let mut l = self.latencies.clone();
+        l.sort();
+        l.get(l.len().saturating_sub(1) * 99 / 100)
+            .copied()
+            .unwrap_or_default()
     }
 
     /// Over-admission against the reference: `limit` per key, as nothing
@@ -95,7 +105,9 @@ async fn offer(
             let mut r = template.clone();
             r.unique_key = k.clone();
             let node = via[(round + i) % via.len()];
+            let started = Instant::now();
             let answer = node.check(r).await;
+            tally.latencies.push(started.elapsed());
             tally.record(k, &answer);
         }
     }
@@ -139,7 +151,9 @@ async fn deny_answers_unavailable_never_over_limit() {
     let mut tally = Tally::default();
     for k in owned_by_2 {
         for _ in 0..3 * LIMIT {
+            let started = Instant::now();
             let a = nodes[0].check(common::policy("fault", k, "strict")).await;
+            tally.latencies.push(started.elapsed());
             assert_eq!(a.status, pb::Status::Unavailable as i32, "{a:?}");
             assert_eq!(a.reason, pb::Reason::OwnerUnreachable as i32, "{a:?}");
             tally.record(k, &a);
@@ -152,8 +166,9 @@ async fn deny_answers_unavailable_never_over_limit() {
         "deny admits nothing"
     );
     println!(
-        "deny, owner unreachable: {} requests, all UNAVAILABLE/OWNER_UNREACHABLE",
-        tally.unavailable
+        "deny, owner unreachable: {} requests, all UNAVAILABLE/OWNER_UNREACHABLE, p99 {:?}",
+        tally.unavailable,
+        tally.p99()
     );
 }
 
@@ -235,10 +250,11 @@ async fn non_transitive_partition_over_admits_at_most_one_nth() {
     }
     let over = tally.over_admission();
     println!(
-        "non-transitive A<->B cut: over-admission {:.1}% (bound 1/N = 33.3%), {} approximate, {} errors",
+        "non-transitive A<->B cut: over-admission {:.1}% (bound 1/N = 33.3%), {} approximate, {} errors, p99 {:?}",
         over * 100.0,
         tally.approximate,
-        tally.errors
+        tally.errors,
+        tally.p99()
     );
     assert_eq!(tally.errors + tally.unavailable, 0);
     assert!(
@@ -287,10 +303,11 @@ async fn a_node_cut_off_for_ten_seconds_over_admits_at_most_one_nth() {
     }
     let over = tally.over_admission();
     println!(
-        "node cut off 10 s: over-admission {:.1}% (bound 1/N = 33.3%), {} approximate, {} errors",
+        "node cut off 10 s: over-admission {:.1}% (bound 1/N = 33.3%), {} approximate, {} errors, p99 {:?}",
         over * 100.0,
         tally.approximate,
-        tally.errors
+        tally.errors,
+        tally.p99()
     );
     assert_eq!(tally.errors + tally.unavailable, 0);
     // Bound: the lone node spends 1/N leases of what it last saw; the new
