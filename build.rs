@@ -6,14 +6,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // SAFETY: build scripts are single-threaded; nothing else reads the env.
     unsafe { std::env::set_var("PROTOC", protoc) };
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    // google/protobuf/*.proto, shipped with the vendored protoc.
+    let include = protoc_bin_vendored::include_path()?;
+    let include = include.to_str().ok_or("non-UTF-8 include path")?;
     tonic_prost_build::configure()
         .file_descriptor_set_path(out.join("sluice_descriptor.bin"))
         .compile_protos(
             &[
                 "proto/sluice/v1/ratelimit.proto",
                 "proto/sluice/v1/admin.proto",
+                "proto/envoy/service/ratelimit/v3/rls.proto",
             ],
-            &["proto"],
+            &["proto", include],
         )?;
     // The peer protocol is not for apps: compiled apart, so reflection
     // (which serves the descriptor set above) does not advertise it.

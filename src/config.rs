@@ -39,6 +39,10 @@ pub struct Config {
     pub log_format: LogFormat,
     pub limits: Limits,
     pub cluster: ClusterConfig,
+    pub envoy: EnvoyConfig,
+    /// Quota headers on HTTP answers (the check endpoint, and Envoy's when
+    /// `envoy.response_headers`): any of `retry-after`, `x-ratelimit`, `ietf`.
+    pub header_families: Vec<String>,
     /// Named limits, `[policies.NAME]`.
     pub policies: BTreeMap<String, PolicyConfig>,
 }
@@ -178,6 +182,17 @@ impl ClusterConfig {
     }
 }
 
+/// The Envoy rate limit service front end.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EnvoyConfig {
+    /// envoyproxy/ratelimit descriptor rules: a YAML file, or a directory of
+    /// them (a mounted ConfigMap). Reloaded when it changes.
+    pub rules_path: Option<PathBuf>,
+    /// Add quota headers to Envoy's answers (`response_headers_to_add`).
+    pub response_headers: bool,
+}
+
 /// A named limit in the config file.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -206,6 +221,8 @@ impl Default for Config {
             log_format: LogFormat::Text,
             limits: Limits::default(),
             cluster: ClusterConfig::default(),
+            envoy: EnvoyConfig::default(),
+            header_families: vec!["retry-after".into(), "x-ratelimit".into(), "ietf".into()],
             policies: BTreeMap::new(),
         }
     }
@@ -328,6 +345,16 @@ impl Config {
             }
         }
         c.secret_bytes()?;
+        crate::service::headers::Families::parse(&self.header_families)
+            .map_err(|e| ConfigError(format!("header_families: {e}")))?;
+        if let Some(path) = &self.envoy.rules_path
+            && !path.exists()
+        {
+            return Err(ConfigError(format!(
+                "envoy.rules_path: {} does not exist",
+                path.display()
+            )));
+        }
         Ok(())
     }
 }

@@ -12,6 +12,38 @@ pub mod peer {
     tonic::include_proto!("sluice.peer.v1");
 }
 
+/// Envoy's rate limit service (a wire-compatible subset, vendored).
+pub mod envoy {
+    pub mod service {
+        pub mod ratelimit {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.ratelimit.v3");
+            }
+        }
+    }
+    pub mod extensions {
+        pub mod common {
+            pub mod ratelimit {
+                pub mod v3 {
+                    tonic::include_proto!("envoy.extensions.common.ratelimit.v3");
+                }
+            }
+        }
+    }
+    pub mod r#type {
+        pub mod v3 {
+            tonic::include_proto!("envoy.r#type.v3");
+        }
+    }
+    pub mod config {
+        pub mod core {
+            pub mod v3 {
+                tonic::include_proto!("envoy.config.core.v3");
+            }
+        }
+    }
+}
+
 /// The peer protocol version this build speaks.
 pub const PEER_PROTOCOL_VERSION: u32 = 1;
 

@@ -149,6 +149,8 @@ impl Limiter {
             },
             approximate: false,
             owner: self.self_id(),
+            label: r.label.clone(),
+            window: super::period_ns(&r.spec),
         }
     }
 

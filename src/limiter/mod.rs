@@ -10,9 +10,12 @@
 //! - `owner`: deciding keys this node owns, for itself or for an edge;
 //! - `fallback`: forwarding to owners, and deciding without them.
 
+mod envoy;
 mod fallback;
 mod owner;
 mod types;
+
+pub use envoy::{Descriptor, DescriptorOutcome};
 
 use std::sync::Arc;
 
@@ -76,6 +79,8 @@ struct Shared {
     store: Arc<Store>,
     /// Swapped whole on a config reload; read lock-free per request.
     policies: ArcSwap<Policies>,
+    /// Envoy descriptor rules, swapped whole on a reload.
+    rules: ArcSwap<crate::policy::rules::Rules>,
     clock: SharedClock,
     metrics: Arc<Metrics>,
     topology: ArcSwap<Topology>,
@@ -100,6 +105,7 @@ impl Limiter {
                 node_id: Arc::from(parts.node_id.as_str()),
                 store: parts.store,
                 policies: ArcSwap::from_pointee(parts.policies),
+                rules: ArcSwap::from_pointee(crate::policy::rules::Rules::default()),
                 clock: parts.clock,
                 metrics: parts.metrics,
                 topology: ArcSwap::from_pointee(Topology {
@@ -252,6 +258,20 @@ impl Limiter {
                 OnOwnerUnreachable::default(),
                 Arc::from(check.name.as_str()),
             ),
+            LimitRef::Rule(rule) => match rule.spec {
+                Some(spec) => (
+                    spec,
+                    rule.shadow,
+                    rule.on_owner_unreachable,
+                    rule.label.clone(),
+                ),
+                None => {
+                    return Err(ItemError::new(
+                        "descriptors",
+                        "an unlimited rule has nothing to decide",
+                    ));
+                }
+            },
             LimitRef::Policy(name) => match policies.get(name) {
                 Some(Policy {
                     spec,
@@ -293,6 +313,8 @@ impl Limiter {
             decision,
             approximate,
             owner,
+            label: r.label.clone(),
+            window: period_ns(&r.spec),
         }
     }
 
@@ -325,5 +347,16 @@ impl Limiter {
     pub fn sweep(&self) -> usize {
         let now = self.now();
         self.shared.store.sweep(now)
+    }
+}
+
+/// A spec's period in ns (a calendar window counts as its nominal length).
+pub(crate) fn period_ns(spec: &Spec) -> Nanos {
+    match spec.period() {
+        algorithm::Period::Duration(d) => d,
+        algorithm::Period::Calendar(u) => {
+            let (s, e) = u.bounds(0);
+            e - s
+        }
     }
 }

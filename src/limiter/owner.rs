@@ -32,7 +32,7 @@ impl Limiter {
             .leases
             .seen_remaining(k, now)
             .unwrap_or(spec.capacity() / t.size.max(1));
-        let until = now.saturating_add(spec_duration(spec));
+        let until = now.saturating_add(super::period_ns(spec));
         (
             Seed::Consumed(spec.capacity().saturating_sub(remaining)),
             until,
@@ -149,16 +149,5 @@ impl Limiter {
 
     pub(super) fn self_id(&self) -> Arc<str> {
         self.shared.node_id.clone()
-    }
-}
-
-/// A spec's duration in ns (a calendar window counts as its nominal length).
-fn spec_duration(spec: &Spec) -> Nanos {
-    match spec.period() {
-        crate::algorithm::Period::Duration(d) => d,
-        crate::algorithm::Period::Calendar(u) => {
-            let (s, e) = u.bounds(0);
-            e - s
-        }
     }
 }

@@ -10,6 +10,8 @@ use crate::policy::OnOwnerUnreachable;
 pub enum LimitRef {
     Inline(Spec),
     Policy(String),
+    /// An Envoy descriptor rule, already matched.
+    Rule(Arc<crate::policy::rules::RuleLimit>),
 }
 
 /// One validated request.
@@ -108,6 +110,10 @@ pub struct Verdict {
     /// Decided on a lease rather than by the owner.
     pub approximate: bool,
     pub owner: Arc<str>,
+    /// The limit's name (policy, rule or request name), for headers.
+    pub label: Arc<str>,
+    /// The limit's period in ns (a calendar window: its nominal length).
+    pub window: crate::algorithm::Nanos,
 }
 
 /// A request that could not be decided, naming the field at fault.

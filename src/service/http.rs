@@ -1,31 +1,58 @@
 //! HTTP admin: `/metrics` (Prometheus text), `/healthz` (the process is up),
-//! `/readyz` (the node is serving decisions).
+//! `/readyz` (the node is serving decisions), and `POST /v1/check` — one
+//! decision for curl users and stacks without gRPC.
+//!
+//! `/v1/check` takes a JSON object with the fields of one `sluice.v1`
+//! request (`name`, `unique_key`, `hits`, `limit`, `duration_ms` or `window`,
+//! `burst`, `algorithm`, `policy`, `drain_over_limit`, `nodelay`,
+//! `on_owner_unreachable`; enum values by their short lowercase names) and
+//! answers 200 (admitted), 429 (refused), 503 (no decision) or 400 (invalid,
+//! naming the field), with a JSON body and the quota headers.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::routing::{get, post};
+use serde::Deserialize;
 
-use crate::limiter::Limiter;
+use super::headers::{self, Families, Quota};
+use super::wire;
+use crate::config::Limits;
+use crate::limiter::{Limiter, Status};
+use crate::proto::v1 as pb;
 
 #[derive(Clone)]
 struct AppState {
     limiter: Limiter,
     ready: Arc<AtomicBool>,
+    limits: Limits,
+    families: Families,
 }
 
 /// The admin router; `ready` flips to true once the gRPC port is serving
-/// and back to false when the node starts shutting down.
-pub fn router(limiter: Limiter, ready: Arc<AtomicBool>) -> Router {
+/// and back to false when the node starts leaving.
+pub fn router(
+    limiter: Limiter,
+    ready: Arc<AtomicBool>,
+    limits: Limits,
+    families: Families,
+) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .with_state(AppState { limiter, ready })
+        .route("/v1/check", post(check))
+        .with_state(AppState {
+            limiter,
+            ready,
+            limits,
+            families,
+        })
 }
 
 async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
@@ -44,4 +71,143 @@ async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
     }
+}
+
+/// One check, as JSON.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonCheck {
+    #[serde(default)]
+    name: String,
+    #[serde(default, alias = "key")]
+    unique_key: String,
+    hits: Option<i64>,
+    #[serde(default)]
+    limit: i64,
+    duration_ms: Option<i64>,
+    window: Option<String>,
+    burst: Option<i64>,
+    algorithm: Option<String>,
+    policy: Option<String>,
+    #[serde(default)]
+    drain_over_limit: bool,
+    #[serde(default)]
+    nodelay: bool,
+    on_owner_unreachable: Option<String>,
+}
+
+type Invalid = (&'static str, String);
+
+/// An enum value by its short name (`gcra` for `ALGORITHM_GCRA`).
+fn enum_value(
+    field: &'static str,
+    prefix: &str,
+    value: &Option<String>,
+    parse: impl Fn(&str) -> Option<i32>,
+) -> Result<i32, Invalid> {
+    match value {
+        None => Ok(0),
+        Some(v) => parse(&format!("{prefix}{}", v.to_uppercase()))
+            .ok_or((field, format!("unknown value {v:?}"))),
+    }
+}
+
+impl JsonCheck {
+    fn into_wire(self) -> Result<pb::RateLimitRequest, Invalid> {
+        Ok(pb::RateLimitRequest {
+            algorithm: enum_value("algorithm", "ALGORITHM_", &self.algorithm, |s| {
+                pb::Algorithm::from_str_name(s).map(|a| a as i32)
+            })?,
+            window: enum_value("window", "CALENDAR_WINDOW_", &self.window, |s| {
+                pb::CalendarWindow::from_str_name(s).map(|a| a as i32)
+            })?,
+            on_owner_unreachable: enum_value(
+                "on_owner_unreachable",
+                "OWNER_UNREACHABLE_",
+                &self.on_owner_unreachable,
+                |s| pb::OwnerUnreachable::from_str_name(s).map(|a| a as i32),
+            )?,
+            name: self.name,
+            unique_key: self.unique_key,
+            hits: self.hits,
+            limit: self.limit,
+            duration_ms: self.duration_ms,
+            burst: self.burst,
+            drain_over_limit: self.drain_over_limit,
+            nodelay: self.nodelay,
+            policy: self.policy,
+            ..Default::default()
+        })
+    }
+}
+
+fn invalid(field: &str, message: String) -> axum::response::Response {
+    let body = serde_json::json!({"error": {"field": field, "message": message}});
+    (StatusCode::BAD_REQUEST, axum::Json(body)).into_response()
+}
+
+async fn check(State(s): State<AppState>, body: axum::body::Bytes) -> axum::response::Response {
+    // Any content type: `curl -d` sends form-encoded by default.
+    let request: JsonCheck = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => return invalid("body", format!("body: not a JSON check: {e}")),
+    };
+    let wire_request = match request.into_wire() {
+        Ok(r) => r,
+        Err((field, message)) => return invalid(field, format!("{field}: {message}")),
+    };
+    let check = match wire::check_from_wire(&wire_request, &s.limits) {
+        Ok(c) => c,
+        Err(e) => {
+            s.limiter.metrics().invalid(e.field);
+            return invalid(e.field, e.to_string());
+        }
+    };
+    let verdict = match s.limiter.check(check).await {
+        Ok(v) => v,
+        Err(e) => return invalid(e.field, e.to_string()),
+    };
+    let now = s.limiter.now();
+    let d = &verdict.decision;
+    let mut head = HeaderMap::new();
+    let quota = Quota {
+        policy: &verdict.label,
+        limit: d.limit,
+        remaining: d.remaining,
+        reset_in: Duration::from_nanos(d.reset_at.saturating_sub(now)),
+        window: Duration::from_nanos(verdict.window),
+        retry_after: match verdict.status {
+            Status::OverLimit => d.retry_after.map(Duration::from_nanos),
+            // No decision: try again shortly (a breaker probes within a second).
+            Status::Unavailable => Some(Duration::from_secs(1)),
+            Status::UnderLimit => None,
+        },
+    };
+    for (k, v) in headers::headers(&quota, s.families) {
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            head.insert(HeaderName::from_static(k), v);
+        }
+    }
+    let code = match verdict.status {
+        Status::UnderLimit => StatusCode::OK,
+        Status::OverLimit => StatusCode::TOO_MANY_REQUESTS,
+        Status::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    let w = wire::verdict_to_wire(&verdict);
+    let name = |v: i32, prefix: &str, f: fn(i32) -> Option<&'static str>| {
+        f(v).map(|s| s.trim_start_matches(prefix).to_lowercase())
+            .unwrap_or_default()
+    };
+    let body = serde_json::json!({
+        "status": name(w.status, "STATUS_", |v| pb::Status::try_from(v).ok().map(|s| s.as_str_name())),
+        "reason": name(w.reason, "REASON_", |v| pb::Reason::try_from(v).ok().map(|s| s.as_str_name())),
+        "limit": w.limit,
+        "remaining": w.remaining,
+        "reset_at_ms": w.reset_at_ms,
+        "retry_after_ms": w.retry_after_ms,
+        "delay_ms": w.delay_ms,
+        "approximate": w.approximate,
+        "owner": w.owner,
+    });
+    (code, head, axum::Json(body)).into_response()
 }

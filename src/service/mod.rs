@@ -7,6 +7,8 @@
 //! - gRPC health and reflection are tonic's own services, mounted by the server.
 
 pub mod admin;
+pub mod envoy;
+pub mod headers;
 pub mod http;
 pub mod peer;
 pub mod v1;

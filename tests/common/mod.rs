@@ -142,6 +142,40 @@ pub async fn http_get(url: &str) -> (u16, String) {
     (status, body)
 }
 
+/// A minimal HTTP/1.1 POST of a JSON body: status, headers (lowercase
+/// names), body.
+pub async fn http_post(
+    url: &str,
+    body: &str,
+) -> (u16, std::collections::HashMap<String, String>, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.trim_start_matches("http://");
+    let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let mut s = tokio::net::TcpStream::connect(host)
+        .await
+        .expect("http connects");
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.unwrap();
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_lowercase(), v.trim().to_string()))
+        .collect();
+    (status, headers, body.to_string())
+}
+
 /// An inline request.
 pub fn inline(name: &str, key: &str, limit: i64, duration_ms: i64) -> pb::RateLimitRequest {
     pb::RateLimitRequest {

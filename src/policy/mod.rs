@@ -1,8 +1,11 @@
-//! Named limits from the config file, validated into decision specs.
+//! Named limits from the config file, validated into decision specs, and
+//! Envoy descriptor rules ([`rules`]).
 //!
 //! Services resolve a request's `policy` here instead of reading inline
 //! fields; the set is swapped whole on a config reload, so a request sees
 //! either the old policies or the new ones, never a mix.
+
+pub mod rules;
 
 use std::collections::HashMap;
 use std::sync::Arc;

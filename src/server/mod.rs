@@ -1,6 +1,6 @@
 //! A running node: the gRPC and HTTP servers, gossip membership, the ring
-//! follower, the idle-key sweeper and the config watcher, all stopped by one
-//! cancellation token.
+//! follower, the lease reporter, the idle-key sweeper and the config and
+//! rules watchers ([`watch`]), all stopped by one cancellation token.
 //!
 //! [`Node::start`] binds every port before returning (so tests can start
 //! nodes on port 0 and read the real addresses) and joins the cluster as
@@ -20,6 +20,8 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::algorithm::Bounds;
+mod watch;
+
 use crate::clock::SharedClock;
 use crate::cluster::auth::Secret;
 use crate::cluster::faults::Faults;
@@ -31,10 +33,14 @@ use crate::limiter::{ClusterSettings, Limiter, Parts};
 use crate::metrics::Metrics;
 use crate::policy::Policies;
 use crate::proto::FILE_DESCRIPTOR_SET;
+use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use crate::proto::peer::peer_server::PeerServer;
 use crate::proto::v1::admin_server::AdminServer;
 use crate::proto::v1::rate_limiter_server::RateLimiterServer;
-use crate::service::{admin::AdminService, http, peer::PeerService, v1::RateLimiterService};
+use crate::service::headers::Families;
+use crate::service::{
+    admin::AdminService, envoy::RlsService, http, peer::PeerService, v1::RateLimiterService,
+};
 use crate::store::Store;
 
 /// Why a node could not start.
@@ -177,15 +183,25 @@ impl Node {
             limiter.clone(),
             shutdown.clone(),
         ));
-        tasks.spawn(report_leases(
-            limiter.clone(),
+        let reporter = limiter.clone();
+        tasks.spawn(every(
             cluster.report_interval,
             shutdown.clone(),
+            move || {
+                let reporter = reporter.clone();
+                async move {
+                    reporter.flush_reports().await;
+                }
+            },
         ));
 
         let bounds = Bounds {
             max_log_entries: config.limits.max_log_entries,
         };
+        if let Some(path) = &config.envoy.rules_path {
+            watch::load_rules(path, &bounds, &limiter)
+                .map_err(|e| ConfigError(format!("envoy.rules_path: {e}")))?;
+        }
         let peer = PeerService::new(
             limiter.clone(),
             secret,
@@ -201,7 +217,13 @@ impl Node {
             peer,
             shutdown.clone(),
         )?);
-        let router = http::router(limiter.clone(), ready.clone());
+        let families = Families::parse(&config.header_families).map_err(ConfigError)?;
+        let router = http::router(
+            limiter.clone(),
+            ready.clone(),
+            config.limits.clone(),
+            families,
+        );
         let token = shutdown.clone();
         tasks.spawn(async move {
             let served = axum::serve(http, router)
@@ -211,15 +233,22 @@ impl Node {
                 tracing::error!(error = %e, "HTTP admin server failed");
             }
         });
-        tasks.spawn(sweep(
-            limiter.clone(),
+        let sweeper = limiter.clone();
+        tasks.spawn(every(
             config.limits.sweep_interval,
             shutdown.clone(),
+            move || {
+                let removed = sweeper.sweep();
+                if removed > 0 {
+                    tracing::debug!(removed, "swept idle keys");
+                }
+                std::future::ready(())
+            },
         ));
         if let Some(sources) = sources
             && let Some(path) = sources.file().map(PathBuf::from)
         {
-            let watcher = watch_config(
+            let watcher = watch::config(
                 path,
                 sources,
                 config.clone(),
@@ -228,6 +257,14 @@ impl Node {
                 shutdown.clone(),
             )?;
             tasks.spawn(watcher);
+        }
+        if let Some(path) = &config.envoy.rules_path {
+            tasks.spawn(watch::rules(
+                path.clone(),
+                bounds,
+                limiter.clone(),
+                shutdown.clone(),
+            )?);
         }
         membership.set_state(Lifecycle::Ready).await;
         ready.store(true, Ordering::SeqCst);
@@ -301,25 +338,25 @@ fn boot_nanos() -> u64 {
         .unwrap_or(0)
 }
 
-/// Report lease consumption to owners every `interval`.
-async fn report_leases(limiter: Limiter, interval: Duration, token: CancellationToken) {
+/// Run `work` every `interval` until cancelled (missed ticks are not
+/// bunched up: a slow round delays the next).
+async fn every<F, Fut>(interval: Duration, token: CancellationToken, mut work: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = token.cancelled() => return,
-            _ = tick.tick() => {
-                limiter.flush_reports().await;
-            }
+            _ = tick.tick() => work().await,
         }
     }
 }
 
 fn boot_millis() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    boot_nanos() / 1_000_000
 }
 
 /// Apply every new cluster view: the ring to the limiter (and its peers),
@@ -369,6 +406,16 @@ fn serve_grpc(
     .max_decoding_message_size(max);
     let admin = AdminServer::new(admin).max_decoding_message_size(max);
     let peer = PeerServer::new(peer).max_decoding_message_size(max);
+    let response_headers = config.envoy.response_headers;
+    let families = Families::parse(&config.header_families)
+        .ok()
+        .filter(|_| response_headers);
+    let envoy = RateLimitServiceServer::new(RlsService::new(
+        limiter.clone(),
+        config.limits.max_key_bytes,
+        families,
+    ))
+    .max_decoding_message_size(max);
     let router = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .add_service(health_service)
@@ -376,6 +423,7 @@ fn serve_grpc(
         .add_service(reflection_v1alpha)
         .add_service(v1)
         .add_service(admin)
+        .add_service(envoy)
         .add_service(peer);
     Ok(async move {
         health
@@ -403,100 +451,4 @@ fn serve_grpc(
             tracing::error!(error = %e, "gRPC server failed");
         }
     })
-}
-
-/// Forget idle keys every `interval`.
-async fn sweep(limiter: Limiter, interval: Duration, token: CancellationToken) {
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = token.cancelled() => return,
-            _ = tick.tick() => {
-                let removed = limiter.sweep();
-                if removed > 0 {
-                    tracing::debug!(removed, "swept idle keys");
-                }
-            }
-        }
-    }
-}
-
-/// Reload policies when the config file changes. A broken edit is refused
-/// with a message naming the key, and the previous config keeps serving.
-fn watch_config(
-    path: PathBuf,
-    sources: Sources,
-    running: Config,
-    limiter: Limiter,
-    membership: Membership,
-    token: CancellationToken,
-) -> Result<impl std::future::Future<Output = ()>, StartError> {
-    use notify::{RecursiveMode, Watcher};
-
-    // Editors replace files (write a temp file, rename it over), so watch
-    // the directory and filter on the file's name.
-    let dir = path
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."));
-    let dir = if dir.as_os_str().is_empty() {
-        PathBuf::from(".")
-    } else {
-        dir
-    };
-    let name = path.file_name().map(|n| n.to_os_string());
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(16);
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if let Ok(event) = event
-            && event
-                .paths
-                .iter()
-                .any(|p| p.file_name().map(|n| n.to_os_string()) == name)
-        {
-            // A full channel already holds a pending reload.
-            let _ = tx.try_send(());
-        }
-    })?;
-    watcher.watch(&dir, RecursiveMode::NonRecursive)?;
-    Ok(async move {
-        let _watcher = watcher; // dropped (and stopped) with this task
-        loop {
-            tokio::select! {
-                _ = token.cancelled() => return,
-                Some(()) = rx.recv() => {
-                    // Let a burst of events from one save settle into one reload.
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    while rx.try_recv().is_ok() {}
-                    if let Some(hash) = reload(&sources, &running, &limiter) {
-                        membership.set_policy_hash(&hash).await;
-                    }
-                }
-            }
-        }
-    })
-}
-
-/// Reload; the new policy hash on success.
-fn reload(sources: &Sources, running: &Config, limiter: &Limiter) -> Option<String> {
-    match sources.load() {
-        Ok((config, policies)) => {
-            let count = policies.len();
-            let hash = policies.hash();
-            limiter.set_policies(policies);
-            limiter.metrics().reloaded(true);
-            let mut rest = config.clone();
-            rest.policies = running.policies.clone();
-            if rest != *running {
-                tracing::warn!("config reloaded: policies applied; other changes need a restart");
-            }
-            tracing::info!(policies = count, "config reloaded");
-            Some(hash)
-        }
-        Err(e) => {
-            limiter.metrics().reloaded(false);
-            tracing::error!(error = %e, "config reload refused; the previous config keeps serving");
-            None
-        }
-    }
 }

@@ -1,0 +1,166 @@
+//! Reload what an operator edits, without a restart: the config file's
+//! policies and the Envoy rules. A broken edit is refused with a message
+//! naming the key (or file and line) and the previous version keeps serving.
+//!
+//! Editors replace files (write a temporary, rename it over) and Kubernetes
+//! swaps a ConfigMap's `..data` symlink, so both watchers watch a directory,
+//! not a file, and settle a burst of events into one reload.
+
+use std::ffi::OsString;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::StartError;
+use crate::algorithm::Bounds;
+use crate::cluster::membership::Membership;
+use crate::config::{Config, Sources};
+use crate::limiter::Limiter;
+use crate::policy::rules::Rules;
+
+/// Watch `dir`; with `name`, only events about that file count.
+fn watch_dir(
+    dir: &Path,
+    name: Option<OsString>,
+) -> Result<(notify::RecommendedWatcher, mpsc::Receiver<()>), StartError> {
+    let (tx, rx) = mpsc::channel::<()>(16);
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let Ok(event) = event else { return };
+        let relevant = match &name {
+            None => true,
+            Some(n) => event
+                .paths
+                .iter()
+                .any(|p| p.file_name() == Some(n.as_os_str())),
+        };
+        if relevant {
+            // A full channel already holds a pending reload.
+            let _ = tx.try_send(());
+        }
+    })?;
+    watcher.watch(dir, RecursiveMode::NonRecursive)?;
+    Ok((watcher, rx))
+}
+
+/// Run `reload` after each settled burst of events until cancelled.
+async fn reload_on_change<F, Fut>(
+    watcher: notify::RecommendedWatcher,
+    mut rx: mpsc::Receiver<()>,
+    token: CancellationToken,
+    mut reload: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let _watcher = watcher; // dropped (and stopped) with this task
+    loop {
+        tokio::select! {
+            _ = token.cancelled() => return,
+            Some(()) = rx.recv() => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                while rx.try_recv().is_ok() {}
+                reload().await;
+            }
+        }
+    }
+}
+
+fn parent(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Reload policies when the config file changes.
+pub fn config(
+    path: PathBuf,
+    sources: Sources,
+    running: Config,
+    limiter: Limiter,
+    membership: Membership,
+    token: CancellationToken,
+) -> Result<impl Future<Output = ()>, StartError> {
+    let (watcher, rx) = watch_dir(&parent(&path), path.file_name().map(|n| n.to_os_string()))?;
+    Ok(reload_on_change(watcher, rx, token, move || {
+        let (sources, running, limiter, membership) = (
+            sources.clone(),
+            running.clone(),
+            limiter.clone(),
+            membership.clone(),
+        );
+        async move {
+            if let Some(hash) = reload_config(&sources, &running, &limiter) {
+                membership.set_policy_hash(&hash).await;
+            }
+        }
+    }))
+}
+
+/// Reload; the new policy hash on success.
+fn reload_config(sources: &Sources, running: &Config, limiter: &Limiter) -> Option<String> {
+    match sources.load() {
+        Ok((config, policies)) => {
+            let count = policies.len();
+            let hash = policies.hash();
+            limiter.set_policies(policies);
+            limiter.metrics().reloaded(true);
+            let mut rest = config.clone();
+            rest.policies = running.policies.clone();
+            if rest != *running {
+                tracing::warn!("config reloaded: policies applied; other changes need a restart");
+            }
+            tracing::info!(policies = count, "config reloaded");
+            Some(hash)
+        }
+        Err(e) => {
+            limiter.metrics().reloaded(false);
+            tracing::error!(error = %e, "config reload refused; the previous config keeps serving");
+            None
+        }
+    }
+}
+
+/// Load the Envoy rules at `path` (a file or a directory) into the limiter.
+pub fn load_rules(
+    path: &Path,
+    bounds: &Bounds,
+    limiter: &Limiter,
+) -> Result<(), crate::policy::rules::RulesError> {
+    let rules = Rules::load(path, bounds)?;
+    tracing::info!(domains = rules.domains(), path = %path.display(), "envoy rules loaded");
+    limiter.set_rules(rules);
+    Ok(())
+}
+
+/// Reload the Envoy rules when anything in their directory changes (a
+/// ConfigMap's symlink swap included).
+pub fn rules(
+    path: PathBuf,
+    bounds: Bounds,
+    limiter: Limiter,
+    token: CancellationToken,
+) -> Result<impl Future<Output = ()>, StartError> {
+    let dir = if path.is_dir() {
+        path.clone()
+    } else {
+        parent(&path)
+    };
+    let (watcher, rx) = watch_dir(&dir, None)?;
+    Ok(reload_on_change(watcher, rx, token, move || {
+        let (path, limiter) = (path.clone(), limiter.clone());
+        async move {
+            match load_rules(&path, &bounds, &limiter) {
+                Ok(()) => limiter.metrics().reloaded(true),
+                Err(e) => {
+                    limiter.metrics().reloaded(false);
+                    tracing::error!(error = %e, "envoy rules reload refused; the previous rules keep serving");
+                }
+            }
+        }
+    }))
+}

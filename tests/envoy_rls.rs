@@ -1,0 +1,347 @@
+//! The Envoy rate limit service as Envoy calls it, on one node and through a
+//! 3-node cluster: rules in envoyproxy/ratelimit's format, several
+//! descriptors per request, hits_addend, overrides, unlimited, shadow mode,
+//! replaces, wildcards, per-value counters, deny-all, hot reload; and the
+//! HTTP check endpoint with its refusal headers.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::{TestNode, cluster, config, eventually, start};
+use sluice::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use sluice::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use sluice::proto::envoy::service::ratelimit::v3 as rls;
+use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+
+/// Rules in envoyproxy/ratelimit's documented format (and one extension).
+const RULES: &str = r#"
+domain: edge
+descriptors:
+  # Nested: the limit applies to the full path of entries.
+  - key: category
+    value: account
+    descriptors:
+      - key: source_cluster
+        value: proxy
+        rate_limit:
+          unit: second
+          requests_per_unit: 3
+  # No value: one counter per remote address.
+  - key: remote_address
+    detailed_metric: true
+    rate_limit:
+      unit: minute
+      requests_per_unit: 2
+  # A specific value is whitelisted.
+  - key: user
+    value: internal
+    rate_limit:
+      unlimited: true
+  - key: user
+    rate_limit:
+      unit: hour
+      requests_per_unit: 5
+      name: per_user
+  # Wildcard prefix.
+  - key: path
+    value: "/api/*"
+    rate_limit:
+      unit: day
+      requests_per_unit: 4
+  # Shadow mode: counted, never refused.
+  - key: shadow
+    shadow_mode: true
+    rate_limit:
+      unit: minute
+      requests_per_unit: 1
+  # Deny all.
+  - key: blocked
+    rate_limit:
+      unit: second
+      requests_per_unit: 0
+  # replaces: a premium user's limit replaces the per-user one.
+  - key: plan
+    value: premium
+    rate_limit:
+      unit: hour
+      requests_per_unit: 50
+      replaces:
+        - name: per_user
+  # Sluice extension: another algorithm and a burst.
+  - key: tenant
+    rate_limit:
+      unit: minute
+      requests_per_unit: 60
+      algorithm: token_bucket
+      burst: 2
+"#;
+
+fn rules_dir(tag: &str, body: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sluice-rules-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("edge.yaml"), body).unwrap();
+    dir
+}
+
+fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).into(),
+                value: (*v).into(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+async fn ask(
+    node: &TestNode,
+    descriptors: Vec<RateLimitDescriptor>,
+    hits: u32,
+) -> rls::RateLimitResponse {
+    RateLimitServiceClient::new(node.channel.clone())
+        .should_rate_limit(rls::RateLimitRequest {
+            domain: "edge".into(),
+            descriptors,
+            hits_addend: hits,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// How many of `n` single-descriptor requests get OK.
+async fn oks(nodes: &[TestNode], d: &RateLimitDescriptor, n: usize) -> usize {
+    let mut ok = 0;
+    for i in 0..n {
+        let r = ask(&nodes[i % nodes.len()], vec![d.clone()], 0).await;
+        ok += usize::from(r.overall_code == Code::Ok as i32);
+    }
+    ok
+}
+
+async fn every_case(nodes: &[TestNode]) {
+    // Nested rule, and entries deeper or shallower than it.
+    assert_eq!(
+        oks(
+            nodes,
+            &desc(&[("category", "account"), ("source_cluster", "proxy")]),
+            5
+        )
+        .await,
+        3
+    );
+    assert_eq!(
+        oks(nodes, &desc(&[("category", "account")]), 5).await,
+        5,
+        "no limit at that depth"
+    );
+    // Per-value counters for a rule without a value.
+    assert_eq!(
+        oks(nodes, &desc(&[("remote_address", "10.0.0.1")]), 4).await,
+        2
+    );
+    assert_eq!(
+        oks(nodes, &desc(&[("remote_address", "10.0.0.2")]), 4).await,
+        2
+    );
+    // Whitelisted value vs the general rule.
+    assert_eq!(oks(nodes, &desc(&[("user", "internal")]), 10).await, 10);
+    assert_eq!(oks(nodes, &desc(&[("user", "alice")]), 10).await, 5);
+    // Wildcard, shadow, deny-all, unknown keys.
+    assert_eq!(oks(nodes, &desc(&[("path", "/api/orders")]), 6).await, 4);
+    assert_eq!(oks(nodes, &desc(&[("path", "/web")]), 6).await, 6);
+    assert_eq!(
+        oks(nodes, &desc(&[("shadow", "x")]), 5).await,
+        5,
+        "shadow mode never refuses"
+    );
+    assert_eq!(oks(nodes, &desc(&[("blocked", "x")]), 3).await, 0);
+    assert_eq!(oks(nodes, &desc(&[("nothing", "here")]), 3).await, 3);
+    // Sluice extension: a token bucket with burst 2.
+    assert_eq!(oks(nodes, &desc(&[("tenant", "t1")]), 5).await, 2);
+
+    // Several descriptors in one request: the most restrictive wins, each
+    // has its own status.
+    let r = ask(
+        &nodes[0],
+        vec![
+            desc(&[("user", "bob")]),
+            desc(&[("blocked", "y")]),
+            desc(&[("none", "z")]),
+        ],
+        0,
+    )
+    .await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(r.statuses.len(), 3);
+    assert_eq!(r.statuses[0].code, Code::Ok as i32);
+    let current = r.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!(
+        (current.requests_per_unit, current.name.as_str()),
+        (5, "per_user")
+    );
+    assert_eq!(r.statuses[0].limit_remaining, 4);
+    assert!(r.statuses[0].duration_until_reset.unwrap().seconds <= 3_600);
+    assert_eq!(r.statuses[1].code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[2].code, Code::Ok as i32);
+    assert!(r.statuses[2].current_limit.is_none(), "no rule, no limit");
+
+    // hits_addend: per request (0 means 1) and per descriptor.
+    let r = ask(&nodes[0], vec![desc(&[("user", "carol")])], 4).await;
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+    let mut two = desc(&[("user", "carol")]);
+    two.hits_addend = Some(2);
+    let r = ask(&nodes[1 % nodes.len()], vec![two], 1).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32, "2 hits with 1 left");
+
+    // replaces: with the premium plan matched, per_user no longer applies.
+    let r = ask(
+        &nodes[0],
+        vec![desc(&[("user", "alice")]), desc(&[("plan", "premium")])],
+        0,
+    )
+    .await;
+    assert_eq!(r.overall_code, Code::Ok as i32, "{r:?}");
+    assert_eq!(r.statuses[0].current_limit, None, "replaced");
+
+    // A limit override from Envoy's config replaces the rule's.
+    let mut over = desc(&[("user", "dave")]);
+    over.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: sluice::proto::envoy::r#type::v3::RateLimitUnit::Minute as i32,
+    });
+    assert_eq!(oks(nodes, &over, 3).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn envoy_protocol_on_one_node() {
+    let dir = rules_dir("one", RULES);
+    let mut c = config();
+    c.envoy.rules_path = Some(dir.clone());
+    c.envoy.response_headers = true;
+    let n = start(c).await;
+    every_case(std::slice::from_ref(&n)).await;
+    // Quota headers on a refusal, from the strictest descriptor.
+    let r = ask(&n, vec![desc(&[("blocked", "h")])], 0).await;
+    let keys: Vec<&str> = r
+        .response_headers_to_add
+        .iter()
+        .map(|h| h.key.as_str())
+        .collect();
+    for k in [
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+        "ratelimit-policy",
+        "ratelimit",
+    ] {
+        assert!(keys.contains(&k), "{k} missing from {keys:?}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn envoy_protocol_through_three_nodes() {
+    let dir = rules_dir("three", RULES);
+    let nodes = cluster(3, |c| c.envoy.rules_path = Some(dir.clone())).await;
+    every_case(&nodes).await;
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rules_reload_on_edit_and_on_a_configmap_swap() {
+    // A ConfigMap mount: files are symlinks into a directory `..data` points at.
+    let root = std::env::temp_dir().join(format!("sluice-cm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let v1 = root.join("..v1");
+    std::fs::create_dir_all(&v1).unwrap();
+    let rule = |n: u32| {
+        format!(
+            "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: {n}}}\n"
+        )
+    };
+    std::fs::write(v1.join("edge.yaml"), rule(1)).unwrap();
+    std::os::unix::fs::symlink("..v1", root.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/edge.yaml", root.join("edge.yaml")).unwrap();
+    let mut c = config();
+    c.envoy.rules_path = Some(root.clone());
+    let n = start(c).await;
+    let limit = || async {
+        ask(&n, vec![desc(&[("k", "probe")])], 0).await.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit)
+    };
+    assert_eq!(limit().await, Some(1));
+    // Swap `..data` atomically to a new version, as the kubelet does.
+    let v2 = root.join("..v2");
+    std::fs::create_dir_all(&v2).unwrap();
+    std::fs::write(v2.join("edge.yaml"), rule(7)).unwrap();
+    std::os::unix::fs::symlink("..v2", root.join("..data_tmp")).unwrap();
+    std::fs::rename(root.join("..data_tmp"), root.join("..data")).unwrap();
+    eventually("the swapped rules", Duration::from_secs(10), || async {
+        limit().await == Some(7)
+    })
+    .await;
+    // A broken version is refused; the old rules keep working.
+    let v3 = root.join("..v3");
+    std::fs::create_dir_all(&v3).unwrap();
+    std::fs::write(
+        v3.join("edge.yaml"),
+        "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight}\n",
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("..v3", root.join("..data_tmp")).unwrap();
+    std::fs::rename(root.join("..data_tmp"), root.join("..data")).unwrap();
+    eventually("the refused reload", Duration::from_secs(10), || async {
+        n.http_get("/metrics")
+            .await
+            .1
+            .contains("sluice_config_reloads_total{result=\"error\"} 1")
+    })
+    .await;
+    assert_eq!(limit().await, Some(7));
+    std::fs::remove_dir_all(&root).ok();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn http_check_endpoint_refuses_with_headers() {
+    let n = start(config()).await;
+    let post = |body: &'static str| async move {
+        common::http_post(&format!("http://{}/v1/check", n.node.http_addr), body).await
+    };
+    let body = r#"{"name":"api","unique_key":"alice","limit":2,"duration_ms":60000}"#;
+    let (code, _, json) = post(body).await;
+    assert_eq!(code, 200, "{json}");
+    assert!(json.contains("\"status\":\"under_limit\""), "{json}");
+    post(body).await;
+    let (code, headers, json) = post(body).await;
+    assert_eq!(code, 429, "{json}");
+    for h in [
+        "retry-after",
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+        "ratelimit-policy",
+        "ratelimit",
+    ] {
+        assert!(headers.contains_key(h), "{h} missing: {headers:?}");
+    }
+    assert_eq!(headers["retry-after"], "30");
+    assert_eq!(headers["ratelimit-policy"], "\"api\";q=2;w=60");
+    assert!(json.contains("\"reason\":\"limit_exceeded\""), "{json}");
+    let (code, _, json) = post(r#"{"name":"api","unique_key":"","limit":2,"duration_ms":1}"#).await;
+    assert_eq!(code, 400);
+    assert!(json.contains("\"field\":\"unique_key\""), "{json}");
+    let (code, _, json) = post("not json").await;
+    assert_eq!(code, 400);
+    assert!(json.contains("\"field\":\"body\""), "{json}");
+}
