@@ -127,10 +127,22 @@ pub struct ClusterConfig {
     /// Keys an edge remembers owners' answers for (lease seeds), and keys
     /// with unreported lease consumption.
     pub lease_max_keys: usize,
-    /// After a ring change, how long a new owner seeds keys whose previous
-    /// owner is gone from what it saw of them (never a full bucket).
+    /// After a ring change, how long a new owner pulls a key's state from
+    /// its previous owner before deciding (and seeds keys whose previous
+    /// owner is gone from what it saw of them: never a full bucket).
     #[serde(with = "humantime_serde_compat")]
     pub ownership_grace: Duration,
+    /// How often changed keys are sent to their replica holder (the bound
+    /// on replication lag, with the RPC's own time).
+    #[serde(with = "humantime_serde_compat")]
+    pub replicate_interval: Duration,
+    /// How long a leaving node waits for its handoff to be confirmed.
+    #[serde(with = "humantime_serde_compat")]
+    pub handoff_timeout: Duration,
+    /// The peer protocol to speak: 2 (this version), or 1 to play the
+    /// previous version in a mixed-version cluster (no replicas, handoff or
+    /// pulls).
+    pub peer_protocol: u32,
 }
 
 impl Default for ClusterConfig {
@@ -157,6 +169,9 @@ impl Default for ClusterConfig {
             report_interval: Duration::from_millis(100),
             lease_max_keys: 100_000,
             ownership_grace: Duration::from_secs(60),
+            replicate_interval: Duration::from_millis(20),
+            handoff_timeout: Duration::from_secs(5),
+            peer_protocol: crate::proto::PEER_PROTOCOL_VERSION,
         }
     }
 }
@@ -317,6 +332,18 @@ impl Config {
         if c.secret.is_some() && c.secret_file.is_some() {
             return Err(ConfigError(
                 "cluster.secret: set secret or secret_file, not both".into(),
+            ));
+        }
+        if !(1..=crate::proto::PEER_PROTOCOL_VERSION).contains(&c.peer_protocol) {
+            return Err(ConfigError(format!(
+                "cluster.peer_protocol: 1 to {}, got {}",
+                crate::proto::PEER_PROTOCOL_VERSION,
+                c.peer_protocol
+            )));
+        }
+        if c.replicate_interval.is_zero() {
+            return Err(ConfigError(
+                "cluster.replicate_interval: must be greater than zero".into(),
             ));
         }
         if c.gossip_interval.is_zero() {

@@ -159,6 +159,20 @@ pub struct ClusterMetrics {
     pub minority: Gauge,
     /// Forwarded items dropped on arrival, past their deadline.
     pub shed: Counter,
+    /// States sent to replica holders.
+    pub replicated: Counter,
+    /// Keys changed and not yet sent to their replica holder (the lag, in keys).
+    pub replication_pending: Gauge,
+    /// Microseconds the last replication round took.
+    pub replication_round: Gauge,
+    /// Microseconds from the oldest change a round sent (or still holds,
+    /// unsent) to the round's end: how far a replica is behind its owner.
+    pub replication_lag: Gauge,
+    /// States handed to a key's new owner (leaving, or after the ring moved
+    /// keys away).
+    pub handed_off: Counter,
+    /// Pulls after a ring change, by result (state, none, peek, unreachable).
+    pub pulls: Family<Vec<(&'static str, &'static str)>, Counter>,
     /// Live members by lifecycle state.
     pub members: Family<Vec<(&'static str, &'static str)>, Gauge>,
     /// The ring epoch (low 63 bits), to compare across nodes.
@@ -185,6 +199,12 @@ impl ClusterMetrics {
             reports: Family::default(),
             minority: Gauge::default(),
             shed: Counter::default(),
+            replicated: Counter::default(),
+            replication_pending: Gauge::default(),
+            replication_round: Gauge::default(),
+            replication_lag: Gauge::default(),
+            handed_off: Counter::default(),
+            pulls: Family::default(),
             members: Family::default(),
             ring_epoch: Gauge::default(),
             size: Gauge::default(),
@@ -266,6 +286,36 @@ impl ClusterMetrics {
             "sluice_minority",
             "1 while this node sees fewer than a majority of N",
             self.minority.clone(),
+        );
+        registry.register(
+            "sluice_replicated_states",
+            "States sent to replica holders",
+            self.replicated.clone(),
+        );
+        registry.register(
+            "sluice_replication_pending_keys",
+            "Keys changed and not yet at their replica holder",
+            self.replication_pending.clone(),
+        );
+        registry.register(
+            "sluice_replication_round_microseconds",
+            "Time the last replication round took",
+            self.replication_round.clone(),
+        );
+        registry.register(
+            "sluice_replication_lag_microseconds",
+            "How far replicas were behind their owner at the last replication round",
+            self.replication_lag.clone(),
+        );
+        registry.register(
+            "sluice_handed_off_states",
+            "States handed to a key's new owner (leaving, or after a ring change)",
+            self.handed_off.clone(),
+        );
+        registry.register(
+            "sluice_pulls",
+            "Pulls after a ring change, by result",
+            self.pulls.clone(),
         );
         registry.register(
             "sluice_shed_forwards",

@@ -44,8 +44,9 @@ pub mod envoy {
     }
 }
 
-/// The peer protocol version this build speaks.
-pub const PEER_PROTOCOL_VERSION: u32 = 1;
+/// The peer protocol version this build speaks: 2 adds `Sync` (replicas and
+/// handoff) and `Pull`. It answers peers one version apart.
+pub const PEER_PROTOCOL_VERSION: u32 = 2;
 
 /// The encoded descriptors of every Sluice proto, served by gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("sluice_descriptor");

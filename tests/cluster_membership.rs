@@ -31,6 +31,7 @@ fn start(id: &str, generation: u64, seeds: &[String], secret: &[u8]) -> (Members
         grpc_advertise: format!("{id}.grpc:8081"),
         policy_hash: "p".into(),
         faults: Default::default(),
+        protocol: sluice::proto::PEER_PROTOCOL_VERSION,
     })
     .unwrap();
     (m, addr.to_string())

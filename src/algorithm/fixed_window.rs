@@ -29,6 +29,10 @@ pub struct FixedWindow {
 }
 
 impl FixedWindow {
+    pub(crate) fn from_parts(start: Nanos, count: u64) -> FixedWindow {
+        FixedWindow { start, count }
+    }
+
     /// Start of the window the count belongs to.
     pub fn start(&self) -> Nanos {
         self.start

@@ -43,6 +43,10 @@ pub struct Gcra {
 }
 
 impl Gcra {
+    pub(crate) fn from_tat(tat: Nanos) -> Gcra {
+        Gcra { tat }
+    }
+
     pub fn tat(&self) -> Nanos {
         self.tat
     }

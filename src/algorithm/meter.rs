@@ -37,6 +37,14 @@ pub struct Meter<F> {
 }
 
 impl<F> Meter<F> {
+    pub(crate) fn from_parts(used: u128, last: Nanos) -> Self {
+        Meter {
+            used,
+            last,
+            flow: PhantomData,
+        }
+    }
+
     /// The time of the last update.
     pub fn last(&self) -> Nanos {
         self.last

@@ -27,6 +27,7 @@ mod fixed_window;
 mod gcra;
 mod leaky_bucket;
 mod meter;
+mod parts;
 mod sliding_log;
 mod sliding_window;
 mod spec;
@@ -37,6 +38,7 @@ pub use fixed_window::FixedWindow;
 pub use gcra::Gcra;
 pub use leaky_bucket::LeakyBucket;
 pub use meter::{Flow, Meter};
+pub use parts::StateParts;
 pub use sliding_log::SlidingLog;
 pub use sliding_window::SlidingWindow;
 pub use spec::{Algorithm, Bounds, DEFAULT_MAX_LOG_ENTRIES, MAX_DURATION, Period, Spec, SpecError};
@@ -366,6 +368,17 @@ impl Limited {
             state: State::fresh(&spec, now),
             spec,
         }
+    }
+
+    /// A key with a state moved from elsewhere (its spec and state must match).
+    pub fn from_state(spec: Spec, state: State) -> Limited {
+        debug_assert_eq!(spec.algorithm(), state.algorithm());
+        Limited { spec, state }
+    }
+
+    /// Join another copy of this key's state (same spec): the more consumed wins.
+    pub fn merge_state(&mut self, other: &State) {
+        self.state.merge(other, &self.spec);
     }
 
     /// A key that has already consumed `tokens` at `now`.

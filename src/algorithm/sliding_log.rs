@@ -42,6 +42,22 @@ pub struct SlidingLog {
 }
 
 impl SlidingLog {
+    /// A log of `entries` (sorted by time here; equal times merged; folded
+    /// to the spec's bound).
+    pub(crate) fn from_entries(spec: &Spec, mut entries: Vec<(Nanos, u64)>) -> SlidingLog {
+        entries.sort_unstable();
+        let mut log = SlidingLog::default();
+        for (ts, n) in entries {
+            match log.entries.back_mut() {
+                Some((last, m)) if *last == ts => *m = m.saturating_add(n),
+                _ => log.entries.push_back((ts, n)),
+            }
+        }
+        log.recount();
+        log.fold(spec);
+        log
+    }
+
     /// The newest entry's timestamp.
     pub fn newest(&self) -> Option<Nanos> {
         self.entries.back().map(|e| e.0)

@@ -40,6 +40,15 @@ pub struct SlidingWindow {
 }
 
 impl SlidingWindow {
+    pub(crate) fn from_parts(start: Nanos, prev: u64, curr: u64) -> SlidingWindow {
+        SlidingWindow { start, prev, curr }
+    }
+
+    /// `(start, prev, curr)`.
+    pub fn parts(&self) -> (Nanos, u64, u64) {
+        (self.start, self.prev, self.curr)
+    }
+
     /// Start of the current aligned window.
     pub fn start(&self) -> Nanos {
         self.start

@@ -119,6 +119,19 @@ impl ClusterView {
         }
     }
 
+    /// Every live member (ready, joining or leaving) as a peer to call.
+    pub fn live(&self) -> Vec<Member> {
+        self.members
+            .iter()
+            .map(|m| Member {
+                node_id: m.node_id.clone(),
+                generation: m.generation,
+                grpc_addr: m.grpc_addr.clone(),
+                protocol: m.protocol,
+            })
+            .collect()
+    }
+
     pub fn member(&self, node_id: &str) -> Option<&MemberInfo> {
         self.members.iter().find(|m| &*m.node_id == node_id)
     }
@@ -146,6 +159,7 @@ impl ClusterView {
             node_id: m.node_id.clone(),
             generation: m.generation,
             grpc_addr: m.grpc_addr.clone(),
+            protocol: m.protocol,
         }));
         let mut counted: std::collections::BTreeSet<Arc<str>> = members
             .values()
@@ -194,6 +208,8 @@ pub struct MembershipConfig {
     pub dead_grace: Duration,
     pub grpc_advertise: String,
     pub policy_hash: String,
+    /// The peer protocol this node speaks (the previous one, in a mixed-version test).
+    pub protocol: u32,
     /// Test hook: gossip links to behave as cut.
     pub faults: Arc<super::faults::Faults>,
 }
@@ -249,7 +265,7 @@ impl Membership {
             (GRPC_ADDR.to_string(), cfg.grpc_advertise.clone()),
             (STATE.to_string(), Lifecycle::Joining.name().to_string()),
             (VERSION.to_string(), env!("CARGO_PKG_VERSION").to_string()),
-            (PROTOCOL.to_string(), PEER_PROTOCOL_VERSION.to_string()),
+            (PROTOCOL.to_string(), cfg.protocol.to_string()),
             (POLICY_HASH.to_string(), cfg.policy_hash.clone()),
         ];
         let transport = AuthTransport::new(cfg.gossip_socket, cfg.secret, cfg.faults.clone());

@@ -18,7 +18,7 @@ use tonic::transport::{Channel, Endpoint};
 use super::auth::{Secret, TOKEN_HEADER};
 use super::breaker::{Allow, Breaker, State as BreakerState};
 use super::faults::Faults;
-use super::ring::Ring;
+use super::ring::{Member, Ring};
 use crate::metrics::ClusterMetrics;
 use crate::proto::PEER_PROTOCOL_VERSION;
 use crate::proto::peer as pb;
@@ -64,6 +64,7 @@ struct Pending {
 /// A peer's client and batcher.
 struct Peer {
     addr: String,
+    protocol: u32,
     queue: mpsc::Sender<Pending>,
     sender: Sender,
     stop: CancellationToken,
@@ -129,23 +130,31 @@ impl Peers {
         self.inner.peers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Follow a new ring: clients for new members, closed for departed ones
-    /// (or for a member that now listens elsewhere).
-    pub fn sync(&self, ring: &Ring) {
+    /// The peer protocol `node_id` speaks, per the ring.
+    pub fn protocol(&self, node_id: &str) -> Option<u32> {
+        self.lock().get(node_id).map(|p| p.protocol)
+    }
+
+    /// Follow a new cluster view: clients for new live members (in the
+    /// ring, joining or leaving — a leaving node can still be pulled from),
+    /// closed for departed ones (or for a member that now listens
+    /// elsewhere, or speaks another protocol).
+    pub fn sync(&self, ring: &Ring, live: &[Member]) {
         self.inner.epoch.store(ring.epoch(), Ordering::Relaxed);
+        let find = |id: &str| live.iter().find(|m| &*m.node_id == id);
         let mut peers = self.lock();
         peers.retain(|id, p| {
-            let keep = ring.member(id).is_some_and(|m| m.grpc_addr == p.addr);
+            let keep = find(id).is_some_and(|m| m.grpc_addr == p.addr && m.protocol == p.protocol);
             if !keep {
                 p.stop.cancel();
             }
             keep
         });
-        for m in ring.members() {
+        for m in live {
             if m.node_id == self.inner.self_id || peers.contains_key(&m.node_id) {
                 continue;
             }
-            match self.spawn(&m.node_id, &m.grpc_addr) {
+            match self.spawn(&m.node_id, &m.grpc_addr, m.protocol) {
                 Ok(peer) => {
                     peers.insert(m.node_id.clone(), peer);
                 }
@@ -156,7 +165,12 @@ impl Peers {
         }
     }
 
-    fn spawn(&self, node_id: &Arc<str>, addr: &str) -> Result<Arc<Peer>, tonic::transport::Error> {
+    fn spawn(
+        &self,
+        node_id: &Arc<str>,
+        addr: &str,
+        protocol: u32,
+    ) -> Result<Arc<Peer>, tonic::transport::Error> {
         let settings = &self.inner.settings;
         let channel = Endpoint::from_shared(format!("http://{addr}"))?
             .connect_timeout(settings.timeout.max(Duration::from_millis(100)))
@@ -187,6 +201,7 @@ impl Peers {
         ));
         Ok(Arc::new(Peer {
             addr: addr.to_string(),
+            protocol,
             queue,
             sender,
             stop,
@@ -246,6 +261,58 @@ impl Peers {
             return Err(ForwardError::BreakerOpen(node_id.to_string()));
         }
         peer.sender.report(items).await
+    }
+
+    /// Merge these states at `node_id` (replicas, handoff). Protocol 2.
+    pub async fn sync_states(
+        &self,
+        node_id: &str,
+        kind: pb::SyncKind,
+        states: Vec<pb::KeyState>,
+    ) -> Result<u32, ForwardError> {
+        let peer = self.peer(node_id)?;
+        if peer.sender.breaker.allow() == Allow::No {
+            return Err(ForwardError::BreakerOpen(node_id.to_string()));
+        }
+        let request = pb::SyncRequest {
+            protocol_version: PEER_PROTOCOL_VERSION,
+            from_node: self.inner.self_id.to_string(),
+            kind: kind as i32,
+            states,
+        };
+        peer.sender
+            .call(request, |mut c, r| async move { c.sync(r).await })
+            .await
+            .map(|r| r.merged)
+    }
+
+    /// The states `node_id` holds for `keys`. Protocol 2.
+    pub async fn pull(
+        &self,
+        node_id: &str,
+        keys: Vec<pb::KeyRef>,
+    ) -> Result<Vec<Option<pb::KeyState>>, ForwardError> {
+        let peer = self.peer(node_id)?;
+        if peer.sender.breaker.allow() == Allow::No {
+            return Err(ForwardError::BreakerOpen(node_id.to_string()));
+        }
+        let n = keys.len();
+        let request = pb::PullRequest {
+            protocol_version: PEER_PROTOCOL_VERSION,
+            from_node: self.inner.self_id.to_string(),
+            keys,
+        };
+        let response = peer
+            .sender
+            .call(request, |mut c, r| async move { c.pull(r).await })
+            .await?;
+        if response.results.len() != n {
+            return Err(ForwardError::Unreachable {
+                peer: node_id.to_string(),
+                reason: format!("answered {} results for {n} keys", response.results.len()),
+            });
+        }
+        Ok(response.results.into_iter().map(|r| r.state).collect())
     }
 
     /// Breaker states by peer, for metrics and status.
@@ -380,22 +447,21 @@ impl Sender {
         outcome
     }
 
-    async fn report(&self, items: Vec<pb::ReportItem>) -> Result<Vec<i32>, ForwardError> {
-        let n = items.len();
+    /// One authenticated unary call with the peer's deadline, fault hook and
+    /// breaker; never retried.
+    async fn call<Req, Resp, F, Fut>(&self, request: Req, rpc: F) -> Result<Resp, ForwardError>
+    where
+        F: FnOnce(PeerClient<Channel>, tonic::Request<Req>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+    {
         self.metrics.rpc_attempt(&self.node_id);
         let outcome = match self.cut().await {
             Some(e) => Err(e),
             None => {
-                let mut request = tonic::Request::new(pb::ReportRequest {
-                    protocol_version: PEER_PROTOCOL_VERSION,
-                    from_node: self.self_id.to_string(),
-                    items,
-                });
+                let mut request = tonic::Request::new(request);
                 self.authorize(&mut request);
-                match tokio::time::timeout(self.timeout, self.client.clone().report(request)).await
-                {
-                    Ok(Ok(r)) if r.get_ref().outcomes.len() == n => Ok(r.into_inner().outcomes),
-                    Ok(Ok(_)) => Err("a wrong number of outcomes".to_string()),
+                match tokio::time::timeout(self.timeout, rpc(self.client.clone(), request)).await {
+                    Ok(Ok(r)) => Ok(r.into_inner()),
                     Ok(Err(status)) => Err(format!("{}: {}", status.code(), status.message())),
                     Err(_) => Err("deadline exceeded".to_string()),
                 }
@@ -409,6 +475,25 @@ impl Sender {
         self.metrics
             .breaker_state(&self.node_id, self.breaker.state());
         outcome
+    }
+
+    async fn report(&self, items: Vec<pb::ReportItem>) -> Result<Vec<i32>, ForwardError> {
+        let n = items.len();
+        let request = pb::ReportRequest {
+            protocol_version: PEER_PROTOCOL_VERSION,
+            from_node: self.self_id.to_string(),
+            items,
+        };
+        let r = self
+            .call(request, |mut c, r| async move { c.report(r).await })
+            .await?;
+        if r.outcomes.len() != n {
+            return Err(ForwardError::Unreachable {
+                peer: self.node_id.to_string(),
+                reason: "a wrong number of outcomes".into(),
+            });
+        }
+        Ok(r.outcomes)
     }
 
     async fn send_once(

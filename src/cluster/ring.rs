@@ -35,6 +35,8 @@ pub struct Member {
     pub generation: u64,
     /// Where its gRPC server listens.
     pub grpc_addr: String,
+    /// The peer protocol it speaks (not part of any position).
+    pub protocol: u32,
 }
 
 /// An immutable ring over a set of ready members; rebuilt on every change.
@@ -202,6 +204,7 @@ mod tests {
             node_id: Arc::from(id),
             generation: 1,
             grpc_addr: format!("{id}:8081"),
+            protocol: crate::proto::PEER_PROTOCOL_VERSION,
         }
     }
 
@@ -303,6 +306,19 @@ mod tests {
             );
         }
         assert!(ring(&["a"]).successor(b"k").is_none());
+        // The replica holder is exactly who owns the key once its owner is gone.
+        for i in 0..1_000 {
+            let k = key::encode("n", &i.to_string());
+            let owner = r.owner(&k).unwrap().node_id.to_string();
+            let rest: Vec<&str> = ["a", "b", "c"]
+                .into_iter()
+                .filter(|m| *m != owner)
+                .collect();
+            assert_eq!(
+                ring(&rest).owner(&k).unwrap().node_id,
+                r.successor(&k).unwrap().node_id
+            );
+        }
         assert!(Ring::default().owner(b"k").is_none());
         let shares: f64 = r.shares().iter().map(|s| s.1).sum();
         assert!((shares - 1.0).abs() < 1e-9);

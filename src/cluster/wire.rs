@@ -2,10 +2,13 @@
 //! service: a resolved limit travels whole, and the owner's decision comes
 //! back field for field.
 
-use crate::algorithm::{self, Bounds, Decision, Period, Spec};
+use std::sync::Arc;
+
+use crate::algorithm::{self, Bounds, Decision, Period, Spec, State, StateParts};
 use crate::proto::peer as pb;
 use crate::proto::v1 as v1pb;
 use crate::service::wire::{algorithm_from_wire, algorithm_to_wire, window_to_wire};
+use crate::store::{Snapshot, key};
 
 pub fn limit_to_wire(spec: &Spec) -> pb::Limit {
     let (duration_ns, window) = match spec.period() {
@@ -76,6 +79,107 @@ pub fn decision_from_wire(d: &pb::Decision) -> Result<Decision, String> {
         retry_after: d.retry_after_ns,
         delay: d.delay_ns,
     })
+}
+
+/// The state format this build writes and reads.
+pub const STATE_FORMAT: u32 = 1;
+
+/// A key's snapshot on the wire; None if the key bytes are not a key.
+pub fn snapshot_to_wire(k: &[u8], s: &Snapshot) -> Option<pb::KeyState> {
+    use pb::key_state::State as W;
+    let (name, unique_key) = key::decode(k)?;
+    let state = match s.state.to_parts() {
+        StateParts::Meter { used, last } => W::Meter(pb::MeterState {
+            used_low: used as u64,
+            used_high: (used >> 64) as u64,
+            last,
+        }),
+        StateParts::Gcra { tat } => W::GcraTat(tat),
+        StateParts::FixedWindow { start, count } => {
+            W::FixedWindow(pb::WindowState { start, count })
+        }
+        StateParts::SlidingWindowCounter { start, prev, curr } => {
+            W::SlidingWindowCounter(pb::SlidingState { start, prev, curr })
+        }
+        StateParts::SlidingWindowLog { entries } => W::SlidingWindowLog(pb::LogState {
+            at: entries.iter().map(|e| e.0).collect(),
+            hits: entries.iter().map(|e| e.1).collect(),
+        }),
+    };
+    Some(pb::KeyState {
+        name: name.to_string(),
+        unique_key: unique_key.to_string(),
+        limit: Some(limit_to_wire(&s.spec)),
+        reset_gen: s.reset_gen,
+        version: s.version,
+        format: STATE_FORMAT,
+        state: Some(state),
+        reports: s
+            .reports
+            .iter()
+            .map(|(edge, seq)| pb::ReportSlot {
+                edge: edge.to_string(),
+                seq: *seq,
+            })
+            .collect(),
+    })
+}
+
+/// A snapshot from the wire, validated: its encoded key and the snapshot.
+pub fn snapshot_from_wire(
+    ks: &pb::KeyState,
+    bounds: &Bounds,
+) -> Result<(Vec<u8>, Snapshot), String> {
+    use pb::key_state::State as W;
+    if ks.format != STATE_FORMAT {
+        return Err(format!(
+            "format: state format {} is not {STATE_FORMAT}",
+            ks.format
+        ));
+    }
+    if ks.name.is_empty() || ks.unique_key.is_empty() {
+        return Err("name and unique_key must not be empty".into());
+    }
+    let spec = limit_from_wire(ks.limit.as_ref().ok_or("limit: required")?, bounds)?;
+    let parts = match ks.state.as_ref().ok_or("state: required")? {
+        W::Meter(m) => StateParts::Meter {
+            used: u128::from(m.used_low) | (u128::from(m.used_high) << 64),
+            last: m.last,
+        },
+        W::GcraTat(tat) => StateParts::Gcra { tat: *tat },
+        W::FixedWindow(w) => StateParts::FixedWindow {
+            start: w.start,
+            count: w.count,
+        },
+        W::SlidingWindowCounter(w) => StateParts::SlidingWindowCounter {
+            start: w.start,
+            prev: w.prev,
+            curr: w.curr,
+        },
+        W::SlidingWindowLog(l) => {
+            if l.at.len() != l.hits.len() {
+                return Err("state: a log's times and hits differ in length".into());
+            }
+            StateParts::SlidingWindowLog {
+                entries: l.at.iter().copied().zip(l.hits.iter().copied()).collect(),
+            }
+        }
+    };
+    let state = State::from_parts(&spec, parts)?;
+    Ok((
+        key::encode(&ks.name, &ks.unique_key),
+        Snapshot {
+            spec,
+            reset_gen: ks.reset_gen,
+            version: ks.version,
+            state,
+            reports: ks
+                .reports
+                .iter()
+                .map(|r| (Arc::from(r.edge.as_str()), r.seq))
+                .collect(),
+        },
+    ))
 }
 
 #[cfg(test)]

@@ -66,7 +66,8 @@ impl Limiter {
                 }
                 Ok(Some(pb::forward_result::Result::Redirect(to))) if !item.redirected => {
                     if *to.node_id == *self.shared.node_id {
-                        return self.decide_here(r, t);
+                        // The owner's ring says this node owns the key.
+                        return self.decide_here_pulling(r, t).await;
                     }
                     item.redirected = true;
                     target = Arc::from(to.node_id.as_str());

@@ -12,10 +12,12 @@
 
 mod envoy;
 mod fallback;
+mod handoff;
 mod owner;
 mod types;
 
 pub use envoy::{Descriptor, DescriptorOutcome};
+pub use handoff::Handoff;
 
 use std::sync::Arc;
 
@@ -38,9 +40,11 @@ use crate::store::{Store, TopBy, View, key};
 /// How the limiter behaves in a cluster.
 #[derive(Clone, Debug)]
 pub struct ClusterSettings {
-    /// After a ring change, how long a new owner seeds keys whose previous
-    /// owner is gone.
+    /// After a ring change, how long a new owner pulls keys from their
+    /// previous owner (and seeds those whose previous owner is gone).
     pub ownership_grace: Nanos,
+    /// The peer protocol this node speaks (2; 1 plays the previous version).
+    pub protocol: u32,
 }
 
 /// Everything a limiter is built from.
@@ -54,6 +58,8 @@ pub struct Parts {
     pub peers: Option<Peers>,
     pub leases: Leases,
     pub settings: ClusterSettings,
+    /// Validation bounds for states arriving from peers.
+    pub bounds: algorithm::Bounds,
 }
 
 /// What the limiter knows of the cluster, swapped whole on each change.
@@ -87,6 +93,21 @@ struct Shared {
     peers: Option<Peers>,
     leases: Leases,
     settings: ClusterSettings,
+    bounds: algorithm::Bounds,
+}
+
+/// A decision that has to wait (a forward, or a pull first), with its
+/// place in the batch.
+type Pending<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = (usize, Verdict)> + Send + 'a>>;
+
+/// How a key this node owns is decided.
+enum Local {
+    Here,
+    /// Pull its state from the previous owner first.
+    PullFirst(owner::PullPlan),
+    /// A new owner pulled it: forward there.
+    Moved(Arc<str>),
 }
 
 /// A check resolved against the policies: what to decide and how to report it.
@@ -115,6 +136,7 @@ impl Limiter {
                 peers: parts.peers,
                 leases: parts.leases,
                 settings: parts.settings,
+                bounds: parts.bounds,
             }),
         }
     }
@@ -126,12 +148,33 @@ impl Limiter {
         let size = view.size as u64;
         let minority = ready * 2 <= size && size > 1;
         let changed = old.ring.epoch() != view.ring.epoch();
+        let joined = old.ring.member(&self.shared.node_id).is_none()
+            && view.ring.member(&self.shared.node_id).is_some();
         if let Some(peers) = &self.shared.peers {
-            peers.sync(&view.ring);
+            peers.sync(&view.ring, &view.live());
         }
+        // Changes are worth queueing while another node could hold them.
+        let has_peer = view
+            .ring
+            .members()
+            .iter()
+            .any(|m| m.node_id != self.shared.node_id);
+        self.shared
+            .store
+            .set_replicating(self.shared.settings.protocol >= 2 && has_peer);
         self.shared.topology.store(Arc::new(Topology {
             ring: view.ring.clone(),
-            previous: if changed {
+            previous: if changed && joined {
+                // This node just entered the ring: its keys were owned by
+                // the others, whatever its own previous view held.
+                Arc::new(Ring::new(
+                    view.ring
+                        .members()
+                        .iter()
+                        .filter(|m| m.node_id != self.shared.node_id)
+                        .cloned(),
+                ))
+            } else if changed {
                 old.ring.clone()
             } else {
                 old.previous.clone()
@@ -209,7 +252,7 @@ impl Limiter {
         let policies = self.shared.policies.load_full();
         let topology = self.shared.topology.load_full();
         let mut out: Vec<Option<Result<Verdict, ItemError>>> = vec![None; items.len()];
-        let mut remote = Vec::new();
+        let mut remote: Vec<Pending<'_>> = Vec::new();
         for (i, item) in items.iter().enumerate() {
             let resolved = match item
                 .as_ref()
@@ -232,10 +275,35 @@ impl Limiter {
             match owner {
                 Some(owner) if owner != self.shared.node_id && self.shared.peers.is_some() => {
                     let topology = topology.clone();
-                    remote
-                        .push(async move { (i, self.forward(&resolved, owner, &topology).await) });
+                    remote.push(Box::pin(async move {
+                        (i, self.forward(&resolved, owner, &topology).await)
+                    }));
                 }
-                _ => out[i] = Some(Ok(self.decide_here(&resolved, &topology))),
+                _ => {
+                    let now = self.now();
+                    let route =
+                        key::with_encoded(&resolved.check.name, &resolved.check.unique_key, |k| {
+                            match self.shared.store.moved_to(k, now) {
+                                Some(to) if self.shared.peers.is_some() => Local::Moved(to),
+                                _ => match self.pull_plan(k, &topology, now) {
+                                    Some(plan) => Local::PullFirst(plan),
+                                    None => Local::Here,
+                                },
+                            }
+                        });
+                    let topology = topology.clone();
+                    match route {
+                        // A new owner pulled the key: it decides now.
+                        Local::Moved(to) => remote.push(Box::pin(async move {
+                            (i, self.forward(&resolved, to, &topology).await)
+                        })),
+                        // The key just moved here: pull its state first.
+                        Local::PullFirst(plan) => remote.push(Box::pin(async move {
+                            (i, self.pull_then_decide(&resolved, plan, &topology).await)
+                        })),
+                        Local::Here => out[i] = Some(Ok(self.decide_here(&resolved, &topology))),
+                    }
+                }
             }
         }
         for (i, verdict) in futures::future::join_all(remote).await {

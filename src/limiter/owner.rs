@@ -1,29 +1,180 @@
 //! Deciding keys this node owns — for itself or for an edge that forwarded
-//! them — and absorbing what edges admitted on leases.
+//! them — pulling a key's state from its previous owner after a ring change,
+//! and absorbing what edges admitted on leases.
 
 use std::sync::Arc;
 
 use super::{Absorb, Forwarded, Limiter, ReportOutcome, Resolved, Topology, Verdict};
 use crate::algorithm::{Nanos, Request, Spec};
+use crate::cluster::wire;
+use crate::proto::peer as pb;
 use crate::store::{Outcome, Seed, key};
 
+/// Where a new owner may find a key's state (DESIGN §4).
+pub(super) struct PullPlan {
+    /// The previous owner, then the previous replica holder.
+    from: Vec<Arc<str>>,
+}
+
 impl Limiter {
+    /// Whether deciding `k` here should first pull its state, and from
+    /// whom: never for a key this node has state for; for a key another
+    /// node owns by this node's ring (it was redirected here by a node
+    /// whose ring is newer), from that owner or its successor; within the
+    /// grace period after a ring change, from the previous owner (or the
+    /// previous replica holder). Only from nodes still alive (in the ring,
+    /// joining or leaving).
+    pub(super) fn pull_plan(&self, k: &[u8], t: &Topology, now: Nanos) -> Option<PullPlan> {
+        let peers = self.shared.peers.as_ref()?;
+        if self.shared.settings.protocol < 2 || self.shared.store.contains(k) {
+            return None;
+        }
+        let me = &self.shared.node_id;
+        let ring = match t.ring.owner(k) {
+            Some(owner) if owner.node_id != *me => &t.ring,
+            _ if now.saturating_sub(t.changed_at) < self.shared.settings.ownership_grace => {
+                &t.previous
+            }
+            _ => return None,
+        };
+        let previous = ring.owner(k)?;
+        if previous.node_id == *me {
+            return None;
+        }
+        let from: Vec<Arc<str>> = [Some(previous), ring.successor(k)]
+            .into_iter()
+            .flatten()
+            .filter(|m| m.node_id != *me)
+            .filter(|m| peers.protocol(&m.node_id).is_some())
+            .map(|m| m.node_id.clone())
+            .collect();
+        (!from.is_empty()).then_some(PullPlan { from })
+    }
+
+    /// Pull `k`'s state from the plan's nodes, first answer wins: with the
+    /// `Pull` call from a protocol-2 node, or from a protocol-1 node (which
+    /// has no `Pull`) by a forwarded peek — `hits: 0`, marked redirected so
+    /// even a leaving node decides it — whose `remaining` seeds the key.
+    /// Returns false if no node could be asked (the key may be orphaned).
+    pub(super) async fn pull(
+        &self,
+        name: &str,
+        unique_key: &str,
+        spec: &Spec,
+        plan: &PullPlan,
+    ) -> bool {
+        let Some(peers) = &self.shared.peers else {
+            return false;
+        };
+        let metrics = &self.shared.metrics.cluster;
+        let counted =
+            |result: &'static str| metrics.pulls.get_or_create(&vec![("result", result)]).inc();
+        for node in &plan.from {
+            if peers.protocol(node).unwrap_or(0) < 2 {
+                if self.peek(peers, node, name, unique_key, spec).await {
+                    counted("peek");
+                    return true;
+                }
+                continue;
+            }
+            let keys = vec![pb::KeyRef {
+                name: name.to_string(),
+                unique_key: unique_key.to_string(),
+            }];
+            match peers.pull(node, keys).await {
+                Ok(mut results) => {
+                    if let Some(Some(state)) = results.pop() {
+                        match wire::snapshot_from_wire(&state, &self.shared.bounds) {
+                            Ok((k, snapshot)) => {
+                                self.shared.store.merge(&k, snapshot, self.now(), true);
+                                counted("state");
+                            }
+                            Err(e) => {
+                                tracing::warn!(peer = %node, error = %e, "pulled an invalid state")
+                            }
+                        }
+                    } else {
+                        counted("none");
+                    }
+                    return true;
+                }
+                Err(e) => tracing::debug!(peer = %node, error = %e, "pull failed"),
+            }
+        }
+        counted("unreachable");
+        false
+    }
+
+    /// A protocol-1 pull: ask `node` to decide a zero-cost check and seed
+    /// the key from the `remaining` it answers.
+    async fn peek(
+        &self,
+        peers: &crate::cluster::peers::Peers,
+        node: &str,
+        name: &str,
+        unique_key: &str,
+        spec: &Spec,
+    ) -> bool {
+        let deadline = self
+            .now()
+            .saturating_add(peers.settings().timeout.as_nanos() as u64);
+        let item = pb::ForwardItem {
+            name: name.to_string(),
+            unique_key: unique_key.to_string(),
+            limit: Some(wire::limit_to_wire(spec)),
+            hits: 0,
+            drain_over_limit: false,
+            nodelay: false,
+            redirected: true,
+            deadline_ns: deadline,
+        };
+        let answer = match peers.forward(node, item, true).await {
+            Ok(pb::ForwardResult {
+                result: Some(pb::forward_result::Result::Decision(d)),
+            }) => wire::decision_from_wire(&d),
+            other => {
+                tracing::debug!(peer = %node, answer = ?other.map(|r| r.result), "peek not decided");
+                return false;
+            }
+        };
+        match answer {
+            Ok(decision) => {
+                let k = key::encode(name, unique_key);
+                self.shared
+                    .store
+                    .observe(&k, spec, decision.remaining, self.now());
+                true
+            }
+            Err(e) => {
+                tracing::warn!(peer = %node, error = %e, "malformed peek answer");
+                false
+            }
+        }
+    }
+
     /// How a key this node owns but has no state for starts (DESIGN §4).
     /// Within the grace period after a ring change, if the key's previous
-    /// owner is gone, its count died with it: seed from the `remaining` this
-    /// node last saw (refilled since), else `⌊capacity / N⌋` — never a full
-    /// bucket — and answer approximately for one duration. Otherwise the key
-    /// is new, and fresh.
-    fn seed(&self, k: &[u8], spec: &Spec, t: &Topology, now: Nanos) -> (Seed, Nanos) {
+    /// owner is gone (or could not be asked: `orphaned`), its count died with
+    /// it: seed from the `remaining` this node last saw (refilled since),
+    /// else `⌊capacity / N⌋` — never a full bucket — and answer approximately
+    /// for one duration. Otherwise the key is new, and fresh.
+    fn seed(
+        &self,
+        k: &[u8],
+        spec: &Spec,
+        t: &Topology,
+        now: Nanos,
+        orphaned: bool,
+    ) -> (Seed, Nanos) {
         let grace = self.shared.settings.ownership_grace;
         if now.saturating_sub(t.changed_at) >= grace {
             return (Seed::Fresh, 0);
         }
-        let previous = t.previous.owner(k).map(|m| m.node_id.clone());
-        let orphaned = match previous {
-            Some(p) => p != self.shared.node_id && t.ring.member(&p).is_none(),
-            None => false,
-        };
+        let orphaned = orphaned
+            || match t.previous.owner(k).map(|m| m.node_id.clone()) {
+                Some(p) => p != self.shared.node_id && t.ring.member(&p).is_none(),
+                None => false,
+            };
         if !orphaned {
             return (Seed::Fresh, 0);
         }
@@ -47,8 +198,9 @@ impl Limiter {
         req: Request,
         t: &Topology,
         now: Nanos,
+        orphaned: bool,
     ) -> Outcome {
-        let (seed, until) = self.seed(k, spec, t, now);
+        let (seed, until) = self.seed(k, spec, t, now, orphaned);
         self.shared
             .store
             .decide_seeded(k, spec, req, now, seed, until)
@@ -56,9 +208,13 @@ impl Limiter {
 
     /// Decide here (this node is the owner, or the ring is empty).
     pub(super) fn decide_here(&self, r: &Resolved<'_>, t: &Topology) -> Verdict {
+        self.decide_here_after(r, t, false)
+    }
+
+    fn decide_here_after(&self, r: &Resolved<'_>, t: &Topology, orphaned: bool) -> Verdict {
         let now = self.now();
         let outcome = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
-            self.decide_owned(k, &r.spec, r.check.request, t, now)
+            self.decide_owned(k, &r.spec, r.check.request, t, now, orphaned)
         });
         self.verdict(
             r,
@@ -68,8 +224,33 @@ impl Limiter {
         )
     }
 
-    /// An owner's side of a forward: decide, redirect once, or drop if late.
-    pub fn decide_forwarded(
+    /// Decide here, pulling the key's state first if it just moved here.
+    pub(super) async fn decide_here_pulling(&self, r: &Resolved<'_>, t: &Topology) -> Verdict {
+        let plan = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
+            self.pull_plan(k, t, self.now())
+        });
+        match plan {
+            Some(plan) => self.pull_then_decide(r, plan, t).await,
+            None => self.decide_here(r, t),
+        }
+    }
+
+    /// Pull the key's state, then decide here.
+    pub(super) async fn pull_then_decide(
+        &self,
+        r: &Resolved<'_>,
+        plan: PullPlan,
+        t: &Topology,
+    ) -> Verdict {
+        let reached = self
+            .pull(&r.check.name, &r.check.unique_key, &r.spec, &plan)
+            .await;
+        self.decide_here_after(r, t, !reached)
+    }
+
+    /// An owner's side of a forward: decide (pulling first if the key just
+    /// moved here), redirect once, or drop if late.
+    pub async fn decide_forwarded(
         &self,
         check: &super::Check,
         spec: &Spec,
@@ -82,20 +263,32 @@ impl Limiter {
             return Forwarded::Expired;
         }
         let t = self.shared.topology.load_full();
-        key::with_encoded(&check.name, &check.unique_key, |k| {
-            if !redirected
-                && let Some(owner) = t.ring.owner(k)
-                && owner.node_id != self.shared.node_id
-            {
-                self.shared.metrics.cluster.redirects.inc();
-                return Forwarded::Redirect(owner.node_id.clone());
-            }
-            let o = self.decide_owned(k, spec, check.request, &t, now);
-            Forwarded::Decided {
-                decision: o.decision,
-                approximate: o.approximate,
-            }
-        })
+        let (redirect, plan) = key::with_encoded(&check.name, &check.unique_key, |k| {
+            let redirect = match t.ring.owner(k) {
+                _ if redirected => None,
+                Some(owner) if owner.node_id != self.shared.node_id => Some(owner.node_id.clone()),
+                // A new owner pulled the key while this ring still names
+                // this node: send the caller there.
+                _ => self.shared.store.moved_to(k, now),
+            };
+            (redirect, self.pull_plan(k, &t, now))
+        });
+        if let Some(owner) = redirect {
+            self.shared.metrics.cluster.redirects.inc();
+            return Forwarded::Redirect(owner);
+        }
+        let orphaned = match plan {
+            Some(plan) => !self.pull(&check.name, &check.unique_key, spec, &plan).await,
+            None => false,
+        };
+        let now = self.now();
+        let o = key::with_encoded(&check.name, &check.unique_key, |k| {
+            self.decide_owned(k, spec, check.request, &t, now, orphaned)
+        });
+        Forwarded::Decided {
+            decision: o.decision,
+            approximate: o.approximate,
+        }
     }
 
     /// Absorb what an edge admitted on a lease, once per `(edge, key, seq)`.
@@ -127,7 +320,7 @@ impl Limiter {
         // A key this node has no state for starts as a decision would: an
         // orphaned key from what was seen of it, never from a full bucket.
         let now = self.now();
-        let (seed, until) = self.seed(k, spec, t, now);
+        let (seed, until) = self.seed(k, spec, t, now, false);
         let applied =
             self.shared
                 .store

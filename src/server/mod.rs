@@ -75,6 +75,7 @@ pub struct Node {
     pub faults: Arc<Faults>,
     ready: Arc<AtomicBool>,
     leave_grace: Duration,
+    handoff_timeout: Duration,
     shutdown: CancellationToken,
     tasks: JoinSet<()>,
 }
@@ -129,6 +130,10 @@ impl Node {
             leases,
             settings: ClusterSettings {
                 ownership_grace: cluster.ownership_grace.as_nanos() as u64,
+                protocol: cluster.peer_protocol,
+            },
+            bounds: Bounds {
+                max_log_entries: config.limits.max_log_entries,
             },
         });
         let shutdown = CancellationToken::new();
@@ -177,11 +182,23 @@ impl Node {
             grpc_advertise,
             policy_hash,
             faults: faults.clone(),
+            protocol: cluster.peer_protocol,
         })?;
         tasks.spawn(follow_ring(
             membership.clone(),
             limiter.clone(),
             shutdown.clone(),
+        ));
+        let replicator = limiter.clone();
+        tasks.spawn(every(
+            cluster.replicate_interval,
+            shutdown.clone(),
+            move || {
+                let replicator = replicator.clone();
+                async move {
+                    replicator.replicate(10_000).await;
+                }
+            },
         ));
         let reporter = limiter.clone();
         tasks.spawn(every(
@@ -207,6 +224,7 @@ impl Node {
             secret,
             bounds,
             cluster.batch_max_items.max(1_000),
+            cluster.peer_protocol,
         );
         let admin = AdminService::new(limiter.clone(), membership.clone());
         tasks.spawn(serve_grpc(
@@ -266,6 +284,22 @@ impl Node {
                 shutdown.clone(),
             )?);
         }
+        if !cluster.seeds.is_empty() {
+            // Join before owning anything: a node that turned ready before
+            // it saw its peers would own every key alone, from nothing.
+            // Bounded, since the first node of a cluster has no one to see.
+            let wait = (cluster.gossip_interval * 10)
+                .clamp(Duration::from_secs(1), Duration::from_secs(5));
+            let mut views = membership.watch();
+            let seen = tokio::time::timeout(
+                wait,
+                views.wait_for(|v| v.members.iter().any(|m| m.node_id != v.self_id)),
+            )
+            .await;
+            if seen.is_err() {
+                tracing::info!(?wait, "no peer seen; starting as the first node");
+            }
+        }
         membership.set_state(Lifecycle::Ready).await;
         ready.store(true, Ordering::SeqCst);
         tracing::info!(%grpc_addr, %http_addr, %gossip_addr, node_id = %config.node_id, "serving");
@@ -278,18 +312,26 @@ impl Node {
             faults,
             ready,
             leave_grace: cluster.leave_grace,
+            handoff_timeout: cluster.handoff_timeout,
             shutdown,
             tasks,
         })
     }
 
-    /// Leave gracefully: announce `leaving`, keep answering for the grace
-    /// period (in-flight forwards finish; peers have dropped this node from
-    /// their rings), then stop everything.
+    /// Leave gracefully: announce `leaving` (peers drop this node from their
+    /// rings at once, and pull from it what they need first), keep answering
+    /// for the grace period, hand every key to its new owner and wait for
+    /// confirmation (bounded), then stop everything.
     pub async fn leave(self) {
         self.ready.store(false, Ordering::SeqCst);
         self.membership.set_state(Lifecycle::Leaving).await;
         tokio::time::sleep(self.leave_grace).await;
+        let handoff = self.limiter.hand_off(self.handoff_timeout).await;
+        tracing::info!(
+            keys = handoff.keys,
+            confirmed = handoff.confirmed,
+            "handed off"
+        );
         self.stop().await;
     }
 

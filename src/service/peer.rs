@@ -16,19 +16,36 @@ pub struct PeerService {
     secret: Secret,
     bounds: Bounds,
     max_items: usize,
+    /// The protocol this node speaks: below 2 it answers `Sync` and `Pull`
+    /// as a previous version would (unimplemented).
+    protocol: u32,
 }
 
 impl PeerService {
-    pub fn new(limiter: Limiter, secret: Secret, bounds: Bounds, max_items: usize) -> PeerService {
+    pub fn new(
+        limiter: Limiter,
+        secret: Secret,
+        bounds: Bounds,
+        max_items: usize,
+        protocol: u32,
+    ) -> PeerService {
         PeerService {
             limiter,
             secret,
             bounds,
             max_items,
+            protocol,
         }
     }
 
-    fn answer(&self, item: &pb::ForwardItem) -> pb::forward_result::Result {
+    fn protocol_2(&self) -> Result<(), Status> {
+        if self.protocol < 2 {
+            return Err(Status::unimplemented("this node speaks peer protocol 1"));
+        }
+        Ok(())
+    }
+
+    async fn answer(&self, item: &pb::ForwardItem) -> pb::forward_result::Result {
         use pb::forward_result::Result as R;
         let spec = match item
             .limit
@@ -57,6 +74,7 @@ impl PeerService {
         match self
             .limiter
             .decide_forwarded(&check, &spec, item.redirected, item.deadline_ns)
+            .await
         {
             Forwarded::Decided {
                 decision,
@@ -140,13 +158,12 @@ impl Peer for PeerService {
             request.get_ref().items.len(),
         )?;
         let r = request.into_inner();
-        let results = r
-            .items
-            .iter()
-            .map(|item| pb::ForwardResult {
-                result: Some(self.answer(item)),
-            })
-            .collect();
+        let mut results = Vec::with_capacity(r.items.len());
+        for item in &r.items {
+            results.push(pb::ForwardResult {
+                result: Some(self.answer(item).await),
+            });
+        }
         Ok(Response::new(pb::ForwardResponse {
             ring_epoch: self.limiter.ring().epoch(),
             results,
@@ -169,5 +186,60 @@ impl Peer for PeerService {
             .map(|item| self.absorb(&r.from_node, item) as i32)
             .collect();
         Ok(Response::new(pb::ReportResponse { outcomes }))
+    }
+
+    async fn sync(
+        &self,
+        request: Request<pb::SyncRequest>,
+    ) -> Result<Response<pb::SyncResponse>, Status> {
+        self.protocol_2()?;
+        self.admit(
+            &request,
+            request.get_ref().protocol_version,
+            request.get_ref().states.len(),
+        )?;
+        let r = request.into_inner();
+        let kind = pb::SyncKind::try_from(r.kind)
+            .map_err(|_| Status::invalid_argument(format!("kind: unknown value {}", r.kind)))?;
+        // All or nothing: a batch with one bad state merges none of it.
+        let states = r
+            .states
+            .iter()
+            .enumerate()
+            .map(|(i, state)| {
+                wire::snapshot_from_wire(state, &self.bounds)
+                    .map_err(|e| Status::invalid_argument(format!("states[{i}]: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let merged = states.len() as u32;
+        for (key, snapshot) in states {
+            self.limiter.merge_snapshot(&key, snapshot, kind);
+        }
+        Ok(Response::new(pb::SyncResponse { merged }))
+    }
+
+    async fn pull(
+        &self,
+        request: Request<pb::PullRequest>,
+    ) -> Result<Response<pb::PullResponse>, Status> {
+        self.protocol_2()?;
+        self.admit(
+            &request,
+            request.get_ref().protocol_version,
+            request.get_ref().keys.len(),
+        )?;
+        let r = request.into_inner();
+        if r.from_node.is_empty() {
+            return Err(Status::invalid_argument("from_node: required"));
+        }
+        let keys: Vec<(String, String)> =
+            r.keys.into_iter().map(|k| (k.name, k.unique_key)).collect();
+        let results = self
+            .limiter
+            .pulled_by(&r.from_node, &keys)
+            .into_iter()
+            .map(|state| pb::PullResult { state })
+            .collect();
+        Ok(Response::new(pb::PullResponse { results }))
     }
 }

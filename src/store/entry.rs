@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::algorithm::{Decision, Limited, Nanos, Request, Spec};
+use crate::algorithm::{Decision, Limited, Nanos, Request, Spec, State};
 
 /// A stored key (DESIGN §3: `{algorithm, limit, duration or window, burst,
 /// reset_gen, version, state}` — the spec carries the first four).
@@ -30,6 +30,25 @@ pub struct Entry {
     /// Until this time, answers for this key are approximate: it was seeded
     /// from what an edge saw, not from the owner's own count.
     approximate_until: Nanos,
+    /// In the store's replication queue (so it is queued once).
+    queued: bool,
+    /// A new owner pulled this key (node, until when): this node no longer
+    /// decides it but sends its callers there, so two owners never count
+    /// one key apart while their rings disagree.
+    moved: Option<(Arc<str>, Nanos)>,
+}
+
+/// A key's whole entry as it travels between nodes (replicas, handoff,
+/// pulls): DESIGN §3's `{algorithm, limit, duration or window, burst,
+/// reset_gen, version, state}` plus the report slots that make a retried
+/// lease report harmless wherever the key goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    pub spec: Spec,
+    pub reset_gen: u64,
+    pub version: u64,
+    pub state: State,
+    pub reports: Vec<(Arc<str>, u64)>,
 }
 
 /// A read-only view of an entry, for admin answers.
@@ -66,7 +85,98 @@ impl Entry {
             referenced: true,
             reports: Vec::new(),
             approximate_until: 0,
+            queued: false,
+            moved: None,
         }
+    }
+
+    /// An entry rebuilt from a snapshot.
+    pub fn from_snapshot(s: Snapshot, now: Nanos) -> Entry {
+        let mut e = Entry::from_limited(Limited::from_state(s.spec, s.state), now);
+        e.reset_gen = s.reset_gen;
+        e.version = s.version;
+        e.reports = s.reports;
+        e
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            spec: *self.limited.spec(),
+            reset_gen: self.reset_gen,
+            version: self.version,
+            state: self.limited.state().clone(),
+            reports: self.reports.clone(),
+        }
+    }
+
+    /// Merge another copy of this key's lineage: a newer `reset_gen` wins
+    /// outright, an older one is ignored; within one generation the
+    /// more-consumed state wins (a join: order and repeats do not matter),
+    /// under the spec of the higher version.
+    pub fn merge(&mut self, other: Snapshot, now: Nanos) {
+        if other.reset_gen < self.reset_gen {
+            return;
+        }
+        if other.reset_gen > self.reset_gen {
+            *self = Entry {
+                hits: self.hits,
+                refusals: self.refusals,
+                last_seen: self.last_seen,
+                queued: self.queued,
+                ..Entry::from_snapshot(other, now)
+            };
+            return;
+        }
+        let mine = *self.limited.spec();
+        let (spec, theirs) = if other.spec == mine {
+            (mine, other.state)
+        } else if (other.version, format!("{:?}", other.spec)) > (self.version, format!("{mine:?}"))
+        {
+            // Their spec is newer: move ours to it, then join.
+            let converted = self.limited.state().convert(&mine, &other.spec, now);
+            self.limited = Limited::from_state(other.spec, converted);
+            (other.spec, other.state)
+        } else {
+            (mine, other.state.convert(&other.spec, &mine, now))
+        };
+        self.limited.merge_state(&theirs);
+        debug_assert_eq!(*self.limited.spec(), spec);
+        self.version = self.version.max(other.version);
+        for (edge, seq) in other.reports {
+            match self.reports.iter_mut().find(|(e, _)| *e == edge) {
+                Some((_, last)) => *last = (*last).max(seq),
+                None => self.reports.push((edge, seq)),
+            }
+        }
+    }
+
+    /// Whom this key moved to, if a new owner pulled it before `now`'s
+    /// mark ran out.
+    pub fn moved_to(&self, now: Nanos) -> Option<&Arc<str>> {
+        self.moved
+            .as_ref()
+            .filter(|(_, until)| now < *until)
+            .map(|(to, _)| to)
+    }
+
+    /// A new owner pulled this key: send its callers there until `until`.
+    pub fn mark_moved(&mut self, to: Arc<str>, until: Nanos) {
+        self.moved = Some((to, until));
+    }
+
+    /// This node owns the key again (it was handed back).
+    pub fn clear_moved(&mut self) {
+        self.moved = None;
+    }
+
+    /// Mark as queued for replication; true if it was not already.
+    pub fn enqueue(&mut self) -> bool {
+        !std::mem::replace(&mut self.queued, true)
+    }
+
+    /// Leave the replication queue.
+    pub fn dequeue(&mut self) {
+        self.queued = false;
     }
 
     /// Replace the state by one that has consumed `tokens` at `at` (an

@@ -20,11 +20,12 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
 
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry as MapEntry;
 
-pub use entry::{Entry, View};
+pub use entry::{Entry, Snapshot, View};
 
 use crate::algorithm::{Decision, Nanos, Request, Spec};
 
@@ -77,6 +78,20 @@ pub struct Store {
     count: AtomicUsize,
     max_keys: usize,
     stats: StoreStats,
+    /// Keys changed since the replicator last took them, each once. Only
+    /// filled while `replicating`, so an unreplicated store never grows it.
+    changed: Mutex<ChangeQueue>,
+    replicating: std::sync::atomic::AtomicBool,
+}
+
+/// Keys waiting for the replicator, each once, with when it changed.
+type ChangeQueue = std::collections::VecDeque<(Arc<[u8]>, Instant)>;
+
+/// What the replicator takes in one round.
+pub struct Changed {
+    pub states: Vec<(Arc<[u8]>, Snapshot)>,
+    /// When the oldest of them changed.
+    pub oldest: Option<Instant>,
 }
 
 impl Store {
@@ -87,6 +102,8 @@ impl Store {
             count: AtomicUsize::new(0),
             max_keys: max_keys.max(1),
             stats: StoreStats::default(),
+            changed: Mutex::new(std::collections::VecDeque::new()),
+            replicating: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -124,10 +141,15 @@ impl Store {
         approximate_until: Nanos,
     ) -> Outcome {
         if let Some(mut e) = self.map.get_mut(key) {
-            return Outcome {
+            let outcome = Outcome {
                 decision: e.decide(spec, req, now),
                 approximate: e.is_approximate(now),
             };
+            if req.hits > 0 {
+                let (k, v) = e.pair_mut();
+                self.changed(k, v);
+            }
+            return outcome;
         }
         let fresh = |spec: &Spec| match seed {
             Seed::Fresh => Entry::new(*spec, now),
@@ -149,10 +171,12 @@ impl Store {
         let outcome = match self.map.entry(key.clone()) {
             MapEntry::Occupied(mut o) => {
                 let e = o.get_mut();
-                return Outcome {
+                let outcome = Outcome {
                     decision: e.decide(spec, req, now),
                     approximate: e.is_approximate(now),
                 };
+                self.changed(&key, e);
+                return outcome;
             }
             MapEntry::Vacant(v) => {
                 let mut e = fresh(spec);
@@ -160,6 +184,7 @@ impl Store {
                     decision: e.decide(spec, req, now),
                     approximate: e.is_approximate(now),
                 };
+                self.changed(&key, &mut e);
                 v.insert(e);
                 outcome
             }
@@ -230,7 +255,12 @@ impl Store {
                 e
             }
         };
-        self.upsert(key, at, create, |e| e.absorb_report(edge, seq, hits, at))
+        let applied = self.upsert(key, at, create, |e| e.absorb_report(edge, seq, hits, at));
+        if applied && let Some(mut e) = self.map.get_mut(key) {
+            let (k, v) = e.pair_mut();
+            self.changed(k, v);
+        }
+        applied
     }
 
     /// Whole tokens the key has left at `now`, if it is in memory.
@@ -241,11 +271,123 @@ impl Store {
         })
     }
 
+    /// The key's whole entry, to send to another node.
+    pub fn snapshot(&self, key: &[u8]) -> Option<Snapshot> {
+        self.map.get(key).map(|e| e.snapshot())
+    }
+
+    /// Merge another copy of a key's lineage (a replica, a handoff, a pull).
+    /// `owned`: this node now owns the key, so the result is queued for its
+    /// own replica holder; a replica held for another owner is not.
+    pub fn merge(&self, key: &[u8], snapshot: Snapshot, now: Nanos, owned: bool) {
+        self.upsert(
+            key,
+            now,
+            || Entry::from_snapshot(snapshot.clone(), now),
+            |e| e.merge(snapshot.clone(), now),
+        );
+        if owned && let Some(mut e) = self.map.get_mut(key) {
+            let (k, v) = e.pair_mut();
+            v.clear_moved();
+            self.changed(k, v);
+        }
+    }
+
+    /// A new owner pulls the key: its snapshot, and the key is marked as
+    /// moved to `to` until `until` (callers are sent there), in one step so
+    /// no decision falls between the copy and the mark.
+    pub fn pull(&self, key: &[u8], to: Arc<str>, until: Nanos) -> Option<Snapshot> {
+        let mut e = self.map.get_mut(key)?;
+        e.mark_moved(to, until);
+        Some(e.snapshot())
+    }
+
+    /// Where the key moved to, if a new owner pulled it (and the mark holds).
+    pub fn moved_to(&self, key: &[u8], now: Nanos) -> Option<Arc<str>> {
+        self.map.get(key)?.moved_to(now).cloned()
+    }
+
+    /// Record changes from now on for the replicator (a cluster of two or
+    /// more); off, nothing is queued.
+    pub fn set_replicating(&self, on: bool) {
+        self.replicating.store(on, Ordering::Relaxed);
+    }
+
+    fn changed(&self, key: &Arc<[u8]>, e: &mut Entry) {
+        if self.replicating.load(Ordering::Relaxed) && e.enqueue() {
+            self.changed_lock().push_back((key.clone(), Instant::now()));
+        }
+    }
+
+    fn changed_lock(&self) -> std::sync::MutexGuard<'_, ChangeQueue> {
+        self.changed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keys changed since last asked, with their snapshots, at most `max`
+    /// (the rest stay queued), and when the oldest of them changed: the
+    /// replicator's work list.
+    pub fn take_changed(&self, max: usize) -> Changed {
+        let (keys, oldest): (Vec<Arc<[u8]>>, Option<Instant>) = {
+            let mut changed = self.changed_lock();
+            let n = changed.len().min(max);
+            let oldest = changed.front().map(|(_, at)| *at);
+            (changed.drain(..n).map(|(k, _)| k).collect(), oldest)
+        };
+        let taken = keys
+            .into_iter()
+            .filter_map(|k| {
+                let mut e = self.map.get_mut(&k)?;
+                e.dequeue();
+                let snap = e.snapshot();
+                drop(e);
+                Some((k, snap))
+            })
+            .collect();
+        Changed {
+            states: taken,
+            oldest,
+        }
+    }
+
+    /// When the oldest change still waiting for the replicator was made.
+    pub fn oldest_changed(&self) -> Option<Instant> {
+        self.changed_lock().front().map(|(_, at)| *at)
+    }
+
+    /// Queue keys again (their replica holder did not confirm).
+    pub fn requeue(&self, keys: impl IntoIterator<Item = Arc<[u8]>>) {
+        for k in keys {
+            if let Some(mut e) = self.map.get_mut(&k) {
+                let (k, v) = e.pair_mut();
+                self.changed(k, v);
+            }
+        }
+    }
+
+    /// Keys waiting for the replicator.
+    pub fn changed_len(&self) -> usize {
+        self.changed_lock().len()
+    }
+
+    /// Every key in memory with its snapshot (a leaving node's handoff).
+    pub fn snapshots(&self) -> Vec<(Arc<[u8]>, Snapshot)> {
+        self.map
+            .iter()
+            .map(|i| (i.key().clone(), i.value().snapshot()))
+            .collect()
+    }
+
+    pub fn contains(&self, key: &[u8]) -> bool {
+        self.map.contains_key(key)
+    }
+
     /// Forget a key's consumption (an admin reset). Returns whether it existed.
     pub fn reset(&self, key: &[u8], now: Nanos) -> bool {
         match self.map.get_mut(key) {
             Some(mut e) => {
                 e.reset(now);
+                let (k, v) = e.pair_mut();
+                self.changed(k, v);
                 true
             }
             None => false,

@@ -2,6 +2,8 @@
 //! and helpers to build requests and await conditions with a deadline.
 #![allow(dead_code)]
 
+pub mod load;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

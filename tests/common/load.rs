@@ -1,0 +1,215 @@
+//! A steady load for ownership-change tests: one request per key per round,
+//! spread round-robin over the nodes currently in the target set, while the
+//! test changes the cluster underneath. It records what DESIGN §7 needs:
+//! per-key offered and admitted counts, client errors, approximate answers.
+//!
+//! Every key's limit lasts a year and nothing refills, so the exact
+//! reference model admits exactly `limit` per key of what was offered: the
+//! over-admission is `admitted ÷ (limit × keys) − 1`.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sluice::cluster::ring::{Member, Ring};
+use sluice::proto::v1 as pb;
+use sluice::proto::v1::rate_limiter_client::RateLimiterClient;
+use sluice::store::key;
+use tonic::transport::Channel;
+
+use super::{inline, under};
+
+pub const YEAR_MS: i64 = 365 * 24 * 3_600 * 1_000;
+
+/// What a run of requests got.
+#[derive(Default, Debug, Clone)]
+pub struct Tally {
+    pub admitted: BTreeMap<String, i64>,
+    pub offered: BTreeMap<String, i64>,
+    pub errors: usize,
+    pub approximate: usize,
+    /// The first few errors, to say what went wrong.
+    pub first_errors: Vec<String>,
+}
+
+impl Tally {
+    fn record(&mut self, k: &str, r: Result<pb::RateLimitResponse, tonic::Status>) {
+        *self.offered.entry(k.into()).or_default() += 1;
+        match r {
+            Ok(a) if a.error.is_none() && a.status != pb::Status::Unavailable as i32 => {
+                *self.admitted.entry(k.into()).or_default() += i64::from(under(&a));
+                self.approximate += usize::from(a.approximate);
+            }
+            other => {
+                self.errors += 1;
+                if self.first_errors.len() < 5 {
+                    self.first_errors.push(format!("{k}: {other:?}"));
+                }
+            }
+        }
+    }
+
+    pub fn min_offered(&self) -> i64 {
+        self.offered.values().copied().min().unwrap_or(0)
+    }
+
+    /// Admitted ÷ reference − 1; panics unless every key was offered at
+    /// least 3× its limit (DESIGN §7).
+    pub fn over_admission(&self, limit: i64) -> f64 {
+        for (k, &n) in &self.offered {
+            assert!(n >= 3 * limit, "{k}: only {n} offered");
+        }
+        let admitted: i64 = self.admitted.values().sum();
+        admitted as f64 / (limit * self.offered.len() as i64) as f64 - 1.0
+    }
+
+    /// The figure line a test prints.
+    pub fn summary(&self, limit: i64) -> String {
+        let admitted: i64 = self.admitted.values().sum();
+        format!(
+            "admitted {admitted} of reference {} over {} keys ({} requests): over-admission {:.2}%, {} approximate, {} errors",
+            limit * self.offered.len() as i64,
+            self.offered.len(),
+            self.offered.values().sum::<i64>(),
+            self.over_admission(limit) * 100.0,
+            self.approximate,
+            self.errors,
+        )
+    }
+}
+
+/// `per` keys owned by each of `ids` on the ring over `ids` (the ring is a
+/// pure function of the node ids).
+pub fn keys_owned_by(ids: &[&str], name: &str, per: usize) -> Vec<String> {
+    let ring = Ring::new(ids.iter().map(|id| Member {
+        node_id: (*id).into(),
+        generation: 0,
+        grpc_addr: String::new(),
+        protocol: sluice::proto::PEER_PROTOCOL_VERSION,
+    }));
+    let mut keys = Vec::new();
+    for owner in ids {
+        keys.extend(
+            (0..)
+                .map(|i| format!("{owner}-k{i}"))
+                .filter(|k| &*ring.owner(&key::encode(name, k)).unwrap().node_id == *owner)
+                .take(per),
+        );
+    }
+    keys
+}
+
+/// A running load; `finish` stops it once every key has been offered
+/// enough.
+pub struct Load {
+    targets: Arc<Mutex<Vec<(String, Channel)>>>,
+    tally: Arc<Mutex<Tally>>,
+    stop_at: Arc<std::sync::atomic::AtomicI64>,
+    stopped: Arc<AtomicBool>,
+    rounds: Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Load {
+    /// Start offering `name`/`keys` at `limit` per year, one round every
+    /// `pace`, to `targets` (label, channel).
+    pub fn start(
+        name: &str,
+        keys: Vec<String>,
+        limit: i64,
+        pace: Duration,
+        targets: Vec<(String, Channel)>,
+    ) -> Load {
+        let targets = Arc::new(Mutex::new(targets));
+        let tally = Arc::new(Mutex::new(Tally::default()));
+        let stop_at = Arc::new(std::sync::atomic::AtomicI64::new(i64::MAX));
+        let stopped = Arc::new(AtomicBool::new(false));
+        let rounds = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let task = {
+            let (targets, tally, stop_at, stopped, rounds) = (
+                targets.clone(),
+                tally.clone(),
+                stop_at.clone(),
+                stopped.clone(),
+                rounds.clone(),
+            );
+            let name = name.to_string();
+            tokio::spawn(async move {
+                for round in 0usize.. {
+                    if tally.lock().unwrap().min_offered() >= stop_at.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    rounds.store(round, Ordering::SeqCst);
+                    let round_targets = targets.lock().unwrap().clone();
+                    for (i, k) in keys.iter().enumerate() {
+                        let (_, channel) = &round_targets[(round + i) % round_targets.len()];
+                        let r = RateLimiterClient::new(channel.clone())
+                            .check(pb::CheckRequest {
+                                requests: vec![inline(&name, k, limit, YEAR_MS)],
+                            })
+                            .await
+                            .map(|r| r.into_inner().responses.remove(0));
+                        tally.lock().unwrap().record(k, r);
+                    }
+                    tokio::time::sleep(pace).await;
+                }
+                stopped.store(true, Ordering::SeqCst);
+            })
+        };
+        Load {
+            targets,
+            tally,
+            stop_at,
+            stopped,
+            rounds,
+            task,
+        }
+    }
+
+    /// Stop sending to `label` (a node about to leave, as a load balancer
+    /// drops an endpoint that is terminating), once the round in flight,
+    /// which may still use it, is over.
+    pub async fn drop_target(&self, label: &str) {
+        self.targets.lock().unwrap().retain(|(l, _)| l != label);
+        let now = self.rounds.load(Ordering::SeqCst);
+        super::eventually(
+            "the round in flight to end",
+            Duration::from_secs(30),
+            || async {
+                self.rounds.load(Ordering::SeqCst) > now || self.stopped.load(Ordering::SeqCst)
+            },
+        )
+        .await;
+    }
+
+    pub fn add_target(&self, label: &str, channel: Channel) {
+        self.targets
+            .lock()
+            .unwrap()
+            .push((label.to_string(), channel));
+    }
+
+    pub fn snapshot(&self) -> Tally {
+        self.tally.lock().unwrap().clone()
+    }
+
+    /// Wait until every key has been offered `n` times.
+    pub async fn until_offered(&self, n: i64) {
+        super::eventually(
+            &format!("every key offered {n} times"),
+            Duration::from_secs(120),
+            || async { self.snapshot().min_offered() >= n || self.stopped.load(Ordering::SeqCst) },
+        )
+        .await;
+    }
+
+    /// Run until every key was offered `n` times, then stop; the tally.
+    pub async fn finish(self, n: i64) -> Tally {
+        self.stop_at.store(n, Ordering::SeqCst);
+        self.task.await.expect("load task");
+        Arc::try_unwrap(self.tally)
+            .map(|m| m.into_inner().unwrap())
+            .unwrap_or_else(|a| a.lock().unwrap().clone())
+    }
+}
