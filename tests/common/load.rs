@@ -31,6 +31,8 @@ pub struct Tally {
     pub approximate: usize,
     /// The first few errors, to say what went wrong.
     pub first_errors: Vec<String>,
+    /// Each call's latency as the client saw it (a benchmark figure).
+    pub latencies: Vec<Duration>,
 }
 
 impl Tally {
@@ -48,6 +50,15 @@ impl Tally {
                 }
             }
         }
+    }
+
+    /// The 99th percentile of the calls' latencies.
+    pub fn p99(&self) -> Duration {
+        let mut l = self.latencies.clone();
+        l.sort();
+        l.get(l.len().saturating_sub(1) * 99 / 100)
+            .copied()
+            .unwrap_or_default()
     }
 
     pub fn min_offered(&self) -> i64 {
@@ -68,13 +79,14 @@ impl Tally {
     pub fn summary(&self, limit: i64) -> String {
         let admitted: i64 = self.admitted.values().sum();
         format!(
-            "admitted {admitted} of reference {} over {} keys ({} requests): over-admission {:.2}%, {} approximate, {} errors",
+            "admitted {admitted} of reference {} over {} keys ({} requests): over-admission {:.2}%, {} approximate, {} errors, p99 {:?}",
             limit * self.offered.len() as i64,
             self.offered.len(),
             self.offered.values().sum::<i64>(),
             self.over_admission(limit) * 100.0,
             self.approximate,
             self.errors,
+            self.p99(),
         )
     }
 }
@@ -144,13 +156,16 @@ impl Load {
                     let round_targets = targets.lock().unwrap().clone();
                     for (i, k) in keys.iter().enumerate() {
                         let (_, channel) = &round_targets[(round + i) % round_targets.len()];
+                        let started = std::time::Instant::now();
                         let r = RateLimiterClient::new(channel.clone())
                             .check(pb::CheckRequest {
                                 requests: vec![inline(&name, k, limit, YEAR_MS)],
                             })
                             .await
                             .map(|r| r.into_inner().responses.remove(0));
-                        tally.lock().unwrap().record(k, r);
+                        let mut t = tally.lock().unwrap();
+                        t.latencies.push(started.elapsed());
+                        t.record(k, r);
                     }
                     tokio::time::sleep(pace).await;
                 }
