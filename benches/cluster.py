@@ -37,7 +37,7 @@ def cpu_seconds(pid):
 
 
 class Cluster:
-    def __init__(self, n, pin=True):
+    def __init__(self, n, pin=True, extra=()):
         self.procs, self.grpc = [], []
         seed = None
         for i in range(n):
@@ -52,7 +52,7 @@ class Cluster:
             seed = seed or gossip
             cmd = (["taskset", "-c", "0"] if pin else []) + [
                 BIN, "serve", "--node-id", f"bench-{i}",
-                "--grpc-addr", grpc, "--http-addr", f"127.0.0.1:{free_port()}"]
+                "--grpc-addr", grpc, "--http-addr", f"127.0.0.1:{free_port()}", *extra]
             self.procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL))
             self.grpc.append(grpc)
         deadline = time.time() + 30

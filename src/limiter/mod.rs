@@ -101,13 +101,13 @@ struct Shared {
 type Pending<'a> =
     std::pin::Pin<Box<dyn std::future::Future<Output = (usize, Verdict)> + Send + 'a>>;
 
-/// How a key this node owns is decided.
+/// Where a key is decided, in a cluster.
 enum Local {
     Here,
     /// Pull its state from the previous owner first.
     PullFirst(owner::PullPlan),
-    /// A new owner pulled it: forward there.
-    Moved(Arc<str>),
+    /// At its owner (or the node that pulled it from this one).
+    Forward(Arc<str>),
 }
 
 /// A check resolved against the policies: what to decide and how to report it.
@@ -253,6 +253,9 @@ impl Limiter {
         let topology = self.shared.topology.load_full();
         let mut out: Vec<Option<Result<Verdict, ItemError>>> = vec![None; items.len()];
         let mut remote: Vec<Pending<'_>> = Vec::new();
+        // Routing reads the clock once per batch; each decision reads it
+        // again, so its own time is exact.
+        let now = self.now();
         for (i, item) in items.iter().enumerate() {
             let resolved = match item
                 .as_ref()
@@ -269,41 +272,38 @@ impl Limiter {
                 out[i] = Some(Ok(self.fallback(&resolved, &topology, true)));
                 continue;
             }
-            let owner = key::with_encoded(&resolved.check.name, &resolved.check.unique_key, |k| {
-                topology.ring.owner(k).map(|m| m.node_id.clone())
-            });
-            match owner {
-                Some(owner) if owner != self.shared.node_id && self.shared.peers.is_some() => {
-                    let topology = topology.clone();
-                    remote.push(Box::pin(async move {
-                        (i, self.forward(&resolved, owner, &topology).await)
-                    }));
-                }
-                _ => {
-                    let now = self.now();
-                    let route =
-                        key::with_encoded(&resolved.check.name, &resolved.check.unique_key, |k| {
-                            match self.shared.store.moved_to(k, now) {
-                                Some(to) if self.shared.peers.is_some() => Local::Moved(to),
-                                _ => match self.pull_plan(k, &topology, now) {
-                                    Some(plan) => Local::PullFirst(plan),
-                                    None => Local::Here,
-                                },
-                            }
-                        });
-                    let topology = topology.clone();
-                    match route {
-                        // A new owner pulled the key: it decides now.
-                        Local::Moved(to) => remote.push(Box::pin(async move {
-                            (i, self.forward(&resolved, to, &topology).await)
-                        })),
-                        // The key just moved here: pull its state first.
-                        Local::PullFirst(plan) => remote.push(Box::pin(async move {
-                            (i, self.pull_then_decide(&resolved, plan, &topology).await)
-                        })),
-                        Local::Here => out[i] = Some(Ok(self.decide_here(&resolved, &topology))),
+            if self.shared.peers.is_none() {
+                // A single node: every key is this node's, and nothing moves.
+                out[i] = Some(Ok(self.decide_here(&resolved, &topology)));
+                continue;
+            }
+            // One encoding of the key for all the routing questions.
+            let route = key::with_encoded(&resolved.check.name, &resolved.check.unique_key, |k| {
+                match topology.ring.owner(k) {
+                    Some(owner) if owner.node_id != self.shared.node_id => {
+                        Local::Forward(owner.node_id.clone())
                     }
+                    _ => match self.shared.store.moved_to(k, now) {
+                        Some(to) => Local::Forward(to),
+                        None => match self.pull_plan(k, &topology, now) {
+                            Some(plan) => Local::PullFirst(plan),
+                            None => Local::Here,
+                        },
+                    },
                 }
+            });
+            let topology = topology.clone();
+            match route {
+                // Another node owns the key — or pulled it from this one
+                // while this ring still names this node: it decides.
+                Local::Forward(to) => remote.push(Box::pin(async move {
+                    (i, self.forward(&resolved, to, &topology).await)
+                })),
+                // The key just moved here: pull its state first.
+                Local::PullFirst(plan) => remote.push(Box::pin(async move {
+                    (i, self.pull_then_decide(&resolved, plan, &topology).await)
+                })),
+                Local::Here => out[i] = Some(Ok(self.decide_here(&resolved, &topology))),
             }
         }
         for (i, verdict) in futures::future::join_all(remote).await {

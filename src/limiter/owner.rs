@@ -26,7 +26,7 @@ impl Limiter {
     /// joining or leaving).
     pub(super) fn pull_plan(&self, k: &[u8], t: &Topology, now: Nanos) -> Option<PullPlan> {
         let peers = self.shared.peers.as_ref()?;
-        if self.shared.settings.protocol < 2 || self.shared.store.contains(k) {
+        if self.shared.settings.protocol < 2 {
             return None;
         }
         let me = &self.shared.node_id;
@@ -38,7 +38,9 @@ impl Limiter {
             _ => return None,
         };
         let previous = ring.owner(k)?;
-        if previous.node_id == *me {
+        // Last, as it is the one lookup in the store: the cheap questions
+        // above answer "no" for nearly every decision.
+        if previous.node_id == *me || self.shared.store.contains(k) {
             return None;
         }
         let from: Vec<Arc<str>> = [Some(previous), ring.successor(k)]

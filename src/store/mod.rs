@@ -81,6 +81,9 @@ pub struct Store {
     /// Keys changed since the replicator last took them, each once. Only
     /// filled while `replicating`, so an unreplicated store never grows it.
     changed: Mutex<ChangeQueue>,
+    /// The latest time any key's moved mark holds until: before it, look
+    /// marks up; after it (nearly always), no key is marked, so no lookup.
+    moved_until: AtomicU64,
     replicating: std::sync::atomic::AtomicBool,
 }
 
@@ -103,6 +106,7 @@ impl Store {
             max_keys: max_keys.max(1),
             stats: StoreStats::default(),
             changed: Mutex::new(std::collections::VecDeque::new()),
+            moved_until: AtomicU64::new(0),
             replicating: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -298,12 +302,16 @@ impl Store {
     /// no decision falls between the copy and the mark.
     pub fn pull(&self, key: &[u8], to: Arc<str>, until: Nanos) -> Option<Snapshot> {
         let mut e = self.map.get_mut(key)?;
+        self.moved_until.fetch_max(until, Ordering::Relaxed);
         e.mark_moved(to, until);
         Some(e.snapshot())
     }
 
     /// Where the key moved to, if a new owner pulled it (and the mark holds).
     pub fn moved_to(&self, key: &[u8], now: Nanos) -> Option<Arc<str>> {
+        if now >= self.moved_until.load(Ordering::Relaxed) {
+            return None;
+        }
         self.map.get(key)?.moved_to(now).cloned()
     }
 

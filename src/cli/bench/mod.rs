@@ -7,6 +7,9 @@
 //! offered load (coordinated omission). Percentiles come from an HDR
 //! histogram; progress prints every second to stderr; `--json` prints the
 //! summary as one object.
+//!
+//! `--target redis` aims the same generator at Redis running a token-bucket
+//! Lua script (`redis.rs`): the design Sluice replaces, measured the same way.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,13 +19,19 @@ use clap::Args;
 use hdrhistogram::Histogram;
 use tonic::transport::Channel;
 
+mod redis;
+
 use super::{CliResult, connect};
 use crate::proto::v1 as pb;
 use crate::proto::v1::rate_limiter_client::RateLimiterClient;
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// Node gRPC addresses, comma-separated; calls go round-robin.
+    /// sluice, or redis (a token-bucket Lua script by EVALSHA: the baseline).
+    #[arg(long, default_value = "sluice", value_parser = ["sluice", "redis"])]
+    target: String,
+    /// Node gRPC addresses (or, for redis, one Redis host:port),
+    /// comma-separated; calls go round-robin.
     #[arg(long, default_value = "127.0.0.1:8081", value_delimiter = ',')]
     addr: Vec<String>,
     /// How long to run, e.g. 10s.
@@ -37,11 +46,15 @@ pub struct BenchArgs {
     /// Decisions per Check call.
     #[arg(long, default_value_t = 1)]
     items: usize,
+    /// The counters' name (keys are `k0`, `k1`, … under it).
+    #[arg(long, default_value = "bench")]
+    name: String,
     /// Distinct keys.
     #[arg(long, default_value_t = 10_000)]
     keys: u64,
-    /// uniform, zipf (exponent --zipf-s) or hot (every request one key).
-    #[arg(long, default_value = "uniform", value_parser = ["uniform", "zipf", "hot"])]
+    /// uniform, zipf (exponent --zipf-s), hot (every request one key) or
+    /// seq (each key in turn: touches all of them in --keys decisions).
+    #[arg(long, default_value = "uniform", value_parser = ["uniform", "zipf", "hot", "seq"])]
     dist: String,
     #[arg(long, default_value_t = 1.0)]
     zipf_s: f64,
@@ -67,12 +80,14 @@ enum Keys {
     /// Cumulative weights for Zipf over the keys, for binary search.
     Zipf(Vec<f64>),
     Hot,
+    Seq(AtomicU64, u64),
 }
 
 impl Keys {
     fn new(args: &BenchArgs) -> Keys {
         match args.dist.as_str() {
             "hot" => Keys::Hot,
+            "seq" => Keys::Seq(AtomicU64::new(0), args.keys.max(1)),
             "zipf" => {
                 let mut acc = 0.0;
                 let cdf = (1..=args.keys.max(1))
@@ -93,6 +108,7 @@ impl Keys {
             Keys::Uniform(n) => rng.u64(..*n),
             Keys::Zipf(cdf) => cdf.partition_point(|&c| c < rng.f64()) as u64,
             Keys::Hot => 0,
+            Keys::Seq(next, n) => next.fetch_add(1, Ordering::Relaxed) % n,
         }
     }
 }
@@ -109,10 +125,26 @@ struct Tally {
     errors: AtomicU64,
 }
 
+/// Where the calls go.
+enum Target {
+    Sluice(Vec<RateLimiterClient<Channel>>),
+    /// One connection per caller; a tokio Mutex, as a call holds it across
+    /// its round trip (in the closed loop each caller has its own anyway).
+    Redis(Vec<tokio::sync::Mutex<redis::Conn>>),
+}
+
+/// One decision's outcome, whichever the target.
+enum Outcome {
+    Admitted,
+    Refused,
+    Unavailable,
+    Error,
+}
+
 struct Run {
     args: BenchArgs,
     keys: Keys,
-    clients: Vec<RateLimiterClient<Channel>>,
+    target: Target,
     tally: Tally,
     /// Latency in microseconds. A std Mutex: held only to record a value.
     latency: Mutex<Histogram<u64>>,
@@ -123,7 +155,7 @@ impl Run {
     fn request(&self, rng: &mut fastrand::Rng) -> pb::CheckRequest {
         let requests = (0..self.args.items.max(1))
             .map(|_| pb::RateLimitRequest {
-                name: "bench".into(),
+                name: self.args.name.clone(),
                 unique_key: format!("k{}", self.keys.pick(rng)),
                 limit: self.args.limit,
                 duration_ms: Some(self.args.duration_ms),
@@ -137,34 +169,88 @@ impl Run {
 
     /// One call; latency from `intended` (the schedule's start time).
     async fn call(&self, n: u64, intended: Instant, rng: &mut fastrand::Rng) {
-        let mut client = self.clients[n as usize % self.clients.len()].clone();
-        let outcome = client.check(self.request(rng)).await;
+        let outcomes = match &self.target {
+            Target::Sluice(clients) => self.call_sluice(clients, n, rng).await,
+            Target::Redis(conns) => self.call_redis(conns, n, rng).await,
+        };
         let micros = intended.elapsed().as_micros() as u64;
         if let Ok(mut h) = self.latency.lock() {
             let _ = h.record(micros.max(1));
         }
         let t = &self.tally;
         t.calls.fetch_add(1, Ordering::Relaxed);
-        match outcome {
-            Err(_) => {
-                t.errors.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok(r) => {
-                for a in r.into_inner().responses {
-                    t.decisions.fetch_add(1, Ordering::Relaxed);
-                    let counter = match (a.error.is_some(), pb::Status::try_from(a.status)) {
-                        (true, _) => &t.errors,
-                        (_, Ok(pb::Status::UnderLimit)) => &t.admitted,
-                        (_, Ok(pb::Status::OverLimit)) => &t.refused,
-                        _ => &t.unavailable,
-                    };
-                    counter.fetch_add(1, Ordering::Relaxed);
-                    if a.approximate {
-                        t.approximate.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
+        let Some(outcomes) = outcomes else {
+            t.errors.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        for (outcome, approximate) in outcomes {
+            t.decisions.fetch_add(1, Ordering::Relaxed);
+            let counter = match outcome {
+                Outcome::Admitted => &t.admitted,
+                Outcome::Refused => &t.refused,
+                Outcome::Unavailable => &t.unavailable,
+                Outcome::Error => &t.errors,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            if approximate {
+                t.approximate.fetch_add(1, Ordering::Relaxed);
             }
         }
+    }
+
+    async fn call_sluice(
+        &self,
+        clients: &[RateLimiterClient<Channel>],
+        n: u64,
+        rng: &mut fastrand::Rng,
+    ) -> Option<Vec<(Outcome, bool)>> {
+        let mut client = clients[n as usize % clients.len()].clone();
+        let answer = client.check(self.request(rng)).await.ok()?;
+        Some(
+            answer
+                .into_inner()
+                .responses
+                .into_iter()
+                .map(|a| {
+                    let outcome = match (a.error.is_some(), pb::Status::try_from(a.status)) {
+                        (true, _) => Outcome::Error,
+                        (_, Ok(pb::Status::UnderLimit)) => Outcome::Admitted,
+                        (_, Ok(pb::Status::OverLimit)) => Outcome::Refused,
+                        _ => Outcome::Unavailable,
+                    };
+                    (outcome, a.approximate)
+                })
+                .collect(),
+        )
+    }
+
+    async fn call_redis(
+        &self,
+        conns: &[tokio::sync::Mutex<redis::Conn>],
+        n: u64,
+        rng: &mut fastrand::Rng,
+    ) -> Option<Vec<(Outcome, bool)>> {
+        let keys: Vec<String> = (0..self.args.items.max(1))
+            .map(|_| format!("{}:k{}", self.args.name, self.keys.pick(rng)))
+            .collect();
+        let mut conn = conns[n as usize % conns.len()].lock().await;
+        let admitted = conn
+            .decide(&keys, self.args.limit, self.args.duration_ms, 1)
+            .await
+            .ok()?;
+        Some(
+            admitted
+                .into_iter()
+                .map(|a| {
+                    let outcome = if a {
+                        Outcome::Admitted
+                    } else {
+                        Outcome::Refused
+                    };
+                    (outcome, false)
+                })
+                .collect(),
+        )
     }
 }
 
@@ -173,13 +259,26 @@ pub async fn run(args: BenchArgs) -> CliResult {
         pb::Algorithm::from_str_name(&format!("ALGORITHM_{}", args.algorithm.to_uppercase()))
             .ok_or_else(|| format!("--algorithm: unknown algorithm {:?}", args.algorithm))?
             as i32;
-    let mut clients = Vec::new();
-    for addr in &args.addr {
-        clients.push(RateLimiterClient::new(connect(addr).await?));
-    }
+    let target = if args.target == "redis" {
+        if args.algorithm != "token_bucket" {
+            return Err("--algorithm: the redis target runs a token bucket only".into());
+        }
+        let addr = args.addr.first().ok_or("--addr: one Redis address")?;
+        let mut conns = Vec::new();
+        for _ in 0..args.concurrency.clamp(1, 1_024) {
+            conns.push(tokio::sync::Mutex::new(redis::Conn::connect(addr).await?));
+        }
+        Target::Redis(conns)
+    } else {
+        let mut clients = Vec::new();
+        for addr in &args.addr {
+            clients.push(RateLimiterClient::new(connect(addr).await?));
+        }
+        Target::Sluice(clients)
+    };
     let run = Arc::new(Run {
         keys: Keys::new(&args),
-        clients,
+        target,
         tally: Tally::default(),
         latency: Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 3)?),
         algorithm,
@@ -290,6 +389,7 @@ fn report(run: &Run, took: Duration) {
     let q = |p: f64| h.as_ref().map_or(0, |h| h.value_at_quantile(p));
     let secs = took.as_secs_f64().max(1e-9);
     let summary = serde_json::json!({
+        "target": run.args.target,
         "mode": if run.args.rate.is_some() { "open" } else { "closed" },
         "targets": run.args.addr,
         "seconds": secs,
