@@ -1,5 +1,7 @@
-//! Compile the protos with a vendored `protoc`, so a fresh machine needs
-//! nothing installed; also emit the descriptor set that gRPC reflection serves.
+//! Compile the server's own protos (Envoy's RLS, the peer protocol) with a
+//! vendored `protoc`, so a fresh machine needs nothing installed; also emit
+//! the descriptor set that gRPC reflection serves. The public `sluice.v1`
+//! protos are the `sluice-api` crate's, shared with the client.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
@@ -12,11 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .file_descriptor_set_path(out.join("sluice_descriptor.bin"))
         .compile_protos(
-            &[
-                "proto/sluice/v1/ratelimit.proto",
-                "proto/sluice/v1/admin.proto",
-                "proto/envoy/service/ratelimit/v3/rls.proto",
-            ],
+            &["proto/envoy/service/ratelimit/v3/rls.proto"],
             &["proto", include],
         )?;
     // The peer protocol is not for apps: compiled apart, so reflection

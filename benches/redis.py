@@ -48,7 +48,8 @@ def ensure_redis():
 
 
 def ensure_binary():
-    subprocess.run(["cargo", "build", "--release", "--locked", "--bin", "sluice"], cwd=ROOT,
+    # --all-targets, as CI builds: the same features, so nothing is built twice.
+    subprocess.run(["cargo", "build", "--release", "--locked", "--all-targets"], cwd=ROOT,
                    check=True)
 
 

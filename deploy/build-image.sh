@@ -8,7 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tag=${1:-sluice:dev}
 
-cargo build --release --locked --bin sluice
+# The same command as CI's build stage: with --all-targets cargo unifies the
+# dev-dependencies' features, so building the binary alone would compile
+# much of the tree again with other features.
+cargo build --release --locked --all-targets
 bin=target/release/sluice
 
 stage=$(mktemp -d)

@@ -3,9 +3,8 @@
 
 #![allow(clippy::all, missing_docs)]
 
-pub mod v1 {
-    tonic::include_proto!("sluice.v1");
-}
+/// The public API (`sluice.v1`), from the `sluice-api` crate.
+pub use sluice_api::v1;
 
 /// The peer protocol (node to node).
 pub mod peer {
@@ -48,5 +47,6 @@ pub mod envoy {
 /// handoff) and `Pull`. It answers peers one version apart.
 pub const PEER_PROTOCOL_VERSION: u32 = 2;
 
-/// The encoded descriptors of every Sluice proto, served by gRPC reflection.
+/// The encoded descriptors of the server's own protos (Envoy's RLS), served
+/// by gRPC reflection beside [`sluice_api::FILE_DESCRIPTOR_SET`].
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("sluice_descriptor");

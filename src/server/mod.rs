@@ -435,6 +435,7 @@ fn serve_grpc(
     let max = config.limits.max_message_bytes;
     let reflection = || {
         tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(sluice_api::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };

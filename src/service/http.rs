@@ -193,7 +193,7 @@ async fn check(State(s): State<AppState>, body: axum::body::Bytes) -> axum::resp
         Status::OverLimit => StatusCode::TOO_MANY_REQUESTS,
         Status::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
     };
-    let w = wire::verdict_to_wire(&verdict);
+    let w = wire::verdict_to_wire(&verdict, s.limiter.now());
     let name = |v: i32, prefix: &str, f: fn(i32) -> Option<&'static str>| {
         f(v).map(|s| s.trim_start_matches(prefix).to_lowercase())
             .unwrap_or_default()

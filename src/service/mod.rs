@@ -8,7 +8,8 @@
 
 pub mod admin;
 pub mod envoy;
-pub mod headers;
+/// Refusal and quota headers: the `sluice-api` crate's, shared with the client.
+pub use sluice_api::headers;
 pub mod http;
 pub mod peer;
 pub mod v1;

@@ -71,12 +71,13 @@ impl RateLimiter for RateLimiterService {
             .map(|r| wire::check_from_wire(r, &self.limits))
             .collect();
         let verdicts = self.limiter.check_batch(checks).await;
+        let now = self.limiter.now();
         let responses = requests
             .into_iter()
             .zip(verdicts)
             .map(|(r, outcome)| {
                 let mut response = match outcome {
-                    Ok(verdict) => wire::verdict_to_wire(&verdict),
+                    Ok(verdict) => wire::verdict_to_wire(&verdict, now),
                     Err(e) => {
                         self.limiter.metrics().invalid(e.field);
                         wire::error_to_wire(&e)

@@ -2,7 +2,7 @@
 //! request field at the edge: an invalid item gets an error naming the field,
 //! and no counter is touched.
 
-use crate::algorithm::{Algorithm, Bounds, CalendarUnit, Period, Request, Spec};
+use crate::algorithm::{Algorithm, Bounds, CalendarUnit, Nanos, Period, Request, Spec};
 use crate::config::Limits;
 use crate::limiter::{Check, ItemError, LimitRef, Reason, Status, Verdict};
 use crate::policy::OnOwnerUnreachable;
@@ -200,7 +200,9 @@ pub fn period_to_wire(spec: &Spec) -> (i64, pb::CalendarWindow) {
 }
 
 /// A verdict as a wire response (request_id and metadata are filled by the caller).
-pub fn verdict_to_wire(v: &Verdict) -> pb::RateLimitResponse {
+/// A verdict on the wire; `now` is the deciding node's clock, for the
+/// relative fields.
+pub fn verdict_to_wire(v: &Verdict, now: Nanos) -> pb::RateLimitResponse {
     let d = &v.decision;
     pb::RateLimitResponse {
         status: status_to_wire(v.status) as i32,
@@ -215,6 +217,8 @@ pub fn verdict_to_wire(v: &Verdict) -> pb::RateLimitResponse {
         delay_ms: ms_up(d.delay),
         approximate: v.approximate,
         owner: v.owner.to_string(),
+        window_ms: ms_up(v.window),
+        reset_after_ms: ms_up(d.reset_at.saturating_sub(now)),
         ..Default::default()
     }
 }

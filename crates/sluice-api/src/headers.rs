@@ -1,6 +1,6 @@
 //! Refusal and quota headers for HTTP callers: one function, used by the
 //! HTTP check endpoint and by Envoy's `response_headers_to_add` (and by the
-//! client middleware later).
+//! client middleware).
 //!
 //! - `Retry-After`: delta-seconds, rounded up, only on refusal (RFC 9110 §10.2.3).
 //! - `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`: the

@@ -1,0 +1,152 @@
+//! The `sluice-client` crate against an in-process node (fake clock): answers
+//! from Sluice, batching of concurrent checks, and every `on_unavailable`
+//! choice when the limiter cannot be reached.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{config, start};
+use sluice_client::{Check, Client, LocalLimits, OnUnavailable, Source};
+
+/// A loopback address nothing listens on.
+fn dead_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    drop(l);
+    addr
+}
+
+fn per_minute(key: &str, limit: u64) -> Check {
+    Check::inline("client", key, limit, Duration::from_secs(60))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn decisions_come_from_sluice() {
+    let node = start(config()).await;
+    let client = Client::builder([node.node.grpc_addr.to_string()])
+        .deadline(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let check = per_minute("alice", 10);
+    for i in 0..10 {
+        let d = client.check(&check).await.unwrap();
+        assert!(d.allowed, "#{i}: {d:?}");
+        assert_eq!(d.remaining, 9 - i);
+        assert_eq!(d.source, Source::Sluice { approximate: false });
+    }
+    let d = client.check(&check).await.unwrap();
+    assert!(!d.allowed, "the 11th of 10/min: {d:?}");
+    let retry = d.retry_after.expect("a refusal says when to retry");
+    assert!(
+        retry > Duration::ZERO && retry <= Duration::from_secs(6),
+        "{retry:?}"
+    );
+    assert_eq!(d.limit, 10);
+    // Cost weighting: 5 of a fresh 10 leaves 5.
+    let d = client.check(&per_minute("bob", 10).hits(5)).await.unwrap();
+    assert_eq!((d.allowed, d.remaining), (true, 5));
+    // A bad request is an error naming the field, not a decision.
+    let e = client
+        .check(&Check::policy("client", "carol", "no-such-policy"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.field, "policy", "{e}");
+    assert_eq!(
+        client
+            .stats()
+            .unavailable_allowed
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn batching_sends_concurrent_checks_together_and_exactly() {
+    let node = start(config()).await;
+    let client = Client::builder([node.node.grpc_addr.to_string()])
+        .deadline(Duration::from_secs(5))
+        .batching(100)
+        .build()
+        .unwrap();
+    let check = per_minute("batched", 100);
+    let tasks: Vec<_> = (0..300)
+        .map(|_| {
+            let (client, check) = (client.clone(), check.clone());
+            tokio::spawn(async move { client.check(&check).await.unwrap() })
+        })
+        .collect();
+    let mut allowed = 0;
+    for t in tasks {
+        let d = t.await.unwrap();
+        assert!(matches!(d.source, Source::Sluice { .. }), "{d:?}");
+        allowed += usize::from(d.allowed);
+    }
+    let calls = client
+        .stats()
+        .calls
+        .load(std::sync::atomic::Ordering::Relaxed);
+    println!("300 concurrent checks in {calls} Check calls");
+    assert_eq!(allowed, 100, "exactly the limit");
+    assert!(calls < 300, "batched: {calls} calls for 300 checks");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_limiter_is_a_decision_and_is_counted() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let deadline = Duration::from_millis(50);
+    let check = per_minute("down", 10);
+
+    let allow = Client::builder([dead_addr()])
+        .deadline(deadline)
+        .on_unavailable(OnUnavailable::Allow)
+        .build()
+        .unwrap();
+    for _ in 0..20 {
+        let d = allow.check(&check).await.unwrap();
+        assert!(d.allowed && d.source == Source::Unavailable, "{d:?}");
+    }
+    assert_eq!(allow.stats().unavailable_allowed.load(Relaxed), 20);
+
+    let deny = Client::builder([dead_addr()])
+        .deadline(deadline)
+        .on_unavailable(OnUnavailable::Deny)
+        .build()
+        .unwrap();
+    let d = deny.check(&check).await.unwrap();
+    assert!(!d.allowed && d.source == Source::Unavailable, "{d:?}");
+    assert!(d.retry_after.is_some(), "a refusal says when to retry");
+    assert_eq!(deny.stats().unavailable_denied.load(Relaxed), 1);
+
+    // Local: a quarter of 10/min in process; a policy only if told its limit.
+    let local = Client::builder([dead_addr()])
+        .deadline(deadline)
+        .on_unavailable(OnUnavailable::Local {
+            share: 0.25,
+            limits: LocalLimits::new().with("login", 8, Duration::from_secs(60)),
+        })
+        .build()
+        .unwrap();
+    let mut allowed = 0;
+    for _ in 0..10 {
+        allowed += usize::from(local.check(&check).await.unwrap().allowed);
+    }
+    assert_eq!(allowed, 2, "⌊10 × 0.25⌋ in process");
+    let mut allowed = 0;
+    for _ in 0..10 {
+        allowed += usize::from(
+            local
+                .check(&Check::policy("auth", "eve", "login"))
+                .await
+                .unwrap()
+                .allowed,
+        );
+    }
+    assert_eq!(allowed, 2, "⌊8 × 0.25⌋ of the policy's local limit");
+    let unknown = local
+        .check(&Check::policy("auth", "eve", "unknown-policy"))
+        .await
+        .unwrap();
+    assert!(!unknown.allowed, "a policy with no local limit is refused");
+    assert_eq!(local.stats().unavailable_local.load(Relaxed), 21);
+}
