@@ -123,10 +123,7 @@ fn all_keys(by: &BTreeMap<String, Vec<String>>) -> Vec<String> {
 }
 
 fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    common::metric_sum(text, name)
 }
 
 #[tokio::test(flavor = "multi_thread")]

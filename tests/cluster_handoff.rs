@@ -53,10 +53,7 @@ fn targets(nodes: &[&TestNode]) -> Vec<(String, tonic::transport::Channel)> {
 
 async fn metric(node: &TestNode, name: &str) -> f64 {
     let (_, text) = node.http_get("/metrics").await;
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    common::metric_sum(&text, name)
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -87,18 +87,9 @@ fn status(addr: &str) -> Option<serde_json::Value> {
 }
 
 fn in_ring(addr: &str) -> Vec<String> {
-    let Some(s) = status(addr) else {
-        return Vec::new();
-    };
-    let mut ids: Vec<String> = s["members"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|m| m["in_ring"] == true)
-        .filter_map(|m| m["node_id"].as_str().map(String::from))
-        .collect();
-    ids.sort();
-    ids
+    status(addr)
+        .map(|s| common::ring_ids(&s))
+        .unwrap_or_default()
 }
 
 async fn rings_are(procs: &[&Proc], want: &[&str], what: &str, within: Duration) -> Duration {
@@ -211,9 +202,6 @@ async fn three_processes_enforce_one_limit() {
 /// with r = 10% of the limit, 6.7% ≤ 10%.
 #[tokio::test(flavor = "multi_thread")]
 async fn owner_kill_9_near_the_limit_over_admits_at_most_ten_percent() {
-    use sluice::cluster::ring::{Member, Ring};
-    use sluice::store::key;
-
     let g0 = free_udp();
     let procs = [
         spawn(0, g0, &[]),
@@ -229,20 +217,7 @@ async fn owner_kill_9_near_the_limit_over_admits_at_most_ten_percent() {
     )
     .await;
     // Keys owned by every node (the ring is a pure function of the ids).
-    let ring = Ring::new(ids.iter().map(|id| Member {
-        node_id: (*id).into(),
-        generation: 0,
-        grpc_addr: String::new(),
-        protocol: sluice::proto::PEER_PROTOCOL_VERSION,
-    }));
-    let mut keys = Vec::new();
-    for owner in ids {
-        let mine = (0..)
-            .map(|i| format!("near-{i}"))
-            .filter(|k| &*ring.owner(&key::encode("kill", k)).unwrap().node_id == owner)
-            .take(3);
-        keys.extend(mine);
-    }
+    let keys = common::load::keys_owned_by(&ids, "kill", 3);
     let limit: i64 = 30;
     let year_ms = 365 * 24 * 3_600 * 1_000;
     let mut clients = Vec::new();
@@ -334,10 +309,7 @@ async fn channel(p: &Proc) -> tonic::transport::Channel {
 
 async fn metric(p: &Proc, name: &str) -> f64 {
     let (_, text) = common::http_get(&format!("http://{}/metrics", p.http)).await;
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    common::metric_sum(&text, name)
 }
 
 /// Three processes that seed each other (so any of them can restart).

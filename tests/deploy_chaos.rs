@@ -98,18 +98,9 @@ impl Compose {
             ])
             .output();
         let Ok(out) = out else { return Vec::new() };
-        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
-            return Vec::new();
-        };
-        let mut ids: Vec<String> = v["members"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|m| m["in_ring"] == true)
-            .filter_map(|m| m["node_id"].as_str().map(String::from))
-            .collect();
-        ids.sort();
-        ids
+        serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            .map(|v| common::ring_ids(&v))
+            .unwrap_or_default()
     }
 
     async fn all_in_ring(&self, what: &str) {

@@ -178,6 +178,28 @@ pub async fn http_post(
     (status, headers, body.to_string())
 }
 
+/// The sum of a metric's samples in a Prometheus text exposition (every
+/// line starting with `name`: all label sets, or one if `name` has them).
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The node ids in the ring, sorted, from `sluice cluster status --json`.
+pub fn ring_ids(status: &serde_json::Value) -> Vec<String> {
+    let mut ids: Vec<String> = status["members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["in_ring"] == true)
+        .filter_map(|m| m["node_id"].as_str().map(String::from))
+        .collect();
+    ids.sort();
+    ids
+}
+
 /// An inline request.
 pub fn inline(name: &str, key: &str, limit: i64, duration_ms: i64) -> pb::RateLimitRequest {
     pb::RateLimitRequest {
