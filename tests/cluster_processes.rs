@@ -27,21 +27,33 @@ impl Drop for Proc {
     }
 }
 
-/// A free loopback port (released just before the process binds it).
+/// A free loopback port for a child process to bind, for TCP and UDP
+/// alike. Taken below the kernel's ephemeral range (32768 and up), so no
+/// port the kernel hands out elsewhere can take it between this check and
+/// the child's bind; a counter keeps the tests of this binary, which run in
+/// parallel, apart. (Found by CI: two ports picked by binding port 0 and
+/// releasing it collided, "Address already in use".)
+fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = (std::process::id() % 400) * 25;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (20_000 + (start + n) % 12_000) as u16;
+        let tcp = std::net::TcpListener::bind(("127.0.0.1", port));
+        let udp = std::net::UdpSocket::bind(("127.0.0.1", port));
+        if tcp.is_ok() && udp.is_ok() {
+            return port;
+        }
+    }
+}
+
 fn free_tcp() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    free_port()
 }
 
 fn free_udp() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    free_port()
 }
 
 fn spawn(i: usize, gossip: u16, seeds: &[u16]) -> Proc {
