@@ -59,6 +59,20 @@ async fn decisions_come_from_sluice() {
             .load(std::sync::atomic::Ordering::Relaxed),
         0
     );
+    // Several checks in one call, answered in order.
+    let calls = || {
+        client
+            .stats()
+            .calls
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let before = calls();
+    let both = client
+        .check_all(&[per_minute("dave", 3).hits(3), per_minute("dave", 3)])
+        .await;
+    assert_eq!(calls(), before + 1, "one call");
+    let both: Vec<bool> = both.into_iter().map(|d| d.unwrap().allowed).collect();
+    assert_eq!(both, [true, false], "in order: the first spends all 3");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -48,17 +48,9 @@ fn free_port() -> u16 {
     }
 }
 
-fn free_tcp() -> u16 {
-    free_port()
-}
-
-fn free_udp() -> u16 {
-    free_port()
-}
-
 fn spawn(i: usize, gossip: u16, seeds: &[u16]) -> Proc {
-    let grpc = format!("127.0.0.1:{}", free_tcp());
-    let http = format!("127.0.0.1:{}", free_tcp());
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let http = format!("127.0.0.1:{}", free_port());
     let mut cmd = Command::new(BIN);
     cmd.args([
         "serve",
@@ -115,10 +107,10 @@ async fn rings_are(procs: &[&Proc], want: &[&str], what: &str, within: Duration)
 
 #[tokio::test(flavor = "multi_thread")]
 async fn three_processes_enforce_one_limit() {
-    let g0 = free_udp();
+    let g0 = free_port();
     let p0 = spawn(0, g0, &[]);
-    let p1 = spawn(1, free_udp(), &[g0]);
-    let p2 = spawn(2, free_udp(), &[g0]);
+    let p1 = spawn(1, free_port(), &[g0]);
+    let p2 = spawn(2, free_port(), &[g0]);
     let all = ["proc-0", "proc-1", "proc-2"];
     rings_are(
         &[&p0, &p1, &p2],
@@ -214,11 +206,11 @@ async fn three_processes_enforce_one_limit() {
 /// with r = 10% of the limit, 6.7% ≤ 10%.
 #[tokio::test(flavor = "multi_thread")]
 async fn owner_kill_9_near_the_limit_over_admits_at_most_ten_percent() {
-    let g0 = free_udp();
+    let g0 = free_port();
     let procs = [
         spawn(0, g0, &[]),
-        spawn(1, free_udp(), &[g0]),
-        spawn(2, free_udp(), &[g0]),
+        spawn(1, free_port(), &[g0]),
+        spawn(2, free_port(), &[g0]),
     ];
     let ids = ["proc-0", "proc-1", "proc-2"];
     rings_are(
@@ -346,7 +338,7 @@ async fn three(gossip: [u16; 3]) -> Vec<Proc> {
 async fn rolling_restart_with_sigterm_keeps_counts() {
     use common::load::{Load, keys_owned_by};
     const LIMIT: i64 = 200;
-    let gossip = [free_udp(), free_udp(), free_udp()];
+    let gossip = [free_port(), free_port(), free_port()];
     let mut procs = three(gossip).await;
     let ids = ["proc-0", "proc-1", "proc-2"];
     let mut targets = Vec::new();
@@ -394,7 +386,7 @@ async fn owner_kill_9_with_replicas_loses_at_most_the_lag() {
     use common::load::{Load, keys_owned_by};
     const LIMIT: i64 = 200;
     const KEYS_PER_NODE: usize = 3;
-    let gossip = [free_udp(), free_udp(), free_udp()];
+    let gossip = [free_port(), free_port(), free_port()];
     let mut procs = three(gossip).await;
     let ids = ["proc-0", "proc-1", "proc-2"];
     let mut targets = Vec::new();

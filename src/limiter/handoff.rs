@@ -74,6 +74,7 @@ impl Limiter {
         let t = self.shared.topology.load_full();
         let taken = self.shared.store.take_changed(max);
         let (changed, oldest) = (taken.states, taken.oldest);
+        let since = oldest.unwrap_or_else(Instant::now);
         let mut by_target: HashMap<(Arc<str>, pb::SyncKind), Outbox> = HashMap::new();
         for (k, snapshot) in changed {
             let target = match t.ring.owner(&k) {
@@ -111,7 +112,7 @@ impl Limiter {
                         tracing::debug!(peer = %to, error = %e, "replication failed; will retry");
                         self.shared
                             .store
-                            .requeue(chunk.iter().map(|(k, _)| k.clone()));
+                            .requeue(chunk.iter().map(|(k, _)| k.clone()), since);
                     }
                 }
             }

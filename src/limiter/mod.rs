@@ -102,7 +102,7 @@ type Pending<'a> =
     std::pin::Pin<Box<dyn std::future::Future<Output = (usize, Verdict)> + Send + 'a>>;
 
 /// Where a key is decided, in a cluster.
-enum Local {
+enum Route {
     Here,
     /// Pull its state from the previous owner first.
     PullFirst(owner::PullPlan),
@@ -281,29 +281,34 @@ impl Limiter {
             let route = key::with_encoded(&resolved.check.name, &resolved.check.unique_key, |k| {
                 match topology.ring.owner(k) {
                     Some(owner) if owner.node_id != self.shared.node_id => {
-                        Local::Forward(owner.node_id.clone())
+                        Route::Forward(owner.node_id.clone())
                     }
                     _ => match self.shared.store.moved_to(k, now) {
-                        Some(to) => Local::Forward(to),
+                        Some(to) => Route::Forward(to),
                         None => match self.pull_plan(k, &topology, now) {
-                            Some(plan) => Local::PullFirst(plan),
-                            None => Local::Here,
+                            Some(plan) => Route::PullFirst(plan),
+                            None => Route::Here,
                         },
                     },
                 }
             });
-            let topology = topology.clone();
             match route {
                 // Another node owns the key — or pulled it from this one
                 // while this ring still names this node: it decides.
-                Local::Forward(to) => remote.push(Box::pin(async move {
-                    (i, self.forward(&resolved, to, &topology).await)
-                })),
+                Route::Forward(to) => {
+                    let topology = topology.clone();
+                    remote.push(Box::pin(async move {
+                        (i, self.forward(&resolved, to, &topology).await)
+                    }))
+                }
                 // The key just moved here: pull its state first.
-                Local::PullFirst(plan) => remote.push(Box::pin(async move {
-                    (i, self.pull_then_decide(&resolved, plan, &topology).await)
-                })),
-                Local::Here => out[i] = Some(Ok(self.decide_here(&resolved, &topology))),
+                Route::PullFirst(plan) => {
+                    let topology = topology.clone();
+                    remote.push(Box::pin(async move {
+                        (i, self.pull_then_decide(&resolved, plan, &topology).await)
+                    }))
+                }
+                Route::Here => out[i] = Some(Ok(self.decide_here(&resolved, &topology))),
             }
         }
         for (i, verdict) in futures::future::join_all(remote).await {

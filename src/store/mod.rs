@@ -322,8 +322,14 @@ impl Store {
     }
 
     fn changed(&self, key: &Arc<[u8]>, e: &mut Entry) {
+        self.changed_at(key, e, None)
+    }
+
+    /// Queue `key` once, stamped `at` (default: now, read only if queued).
+    fn changed_at(&self, key: &Arc<[u8]>, e: &mut Entry, at: Option<Instant>) {
         if self.replicating.load(Ordering::Relaxed) && e.enqueue() {
-            self.changed_lock().push_back((key.clone(), Instant::now()));
+            let at = at.unwrap_or_else(Instant::now);
+            self.changed_lock().push_back((key.clone(), at));
         }
     }
 
@@ -363,11 +369,13 @@ impl Store {
     }
 
     /// Queue keys again (their replica holder did not confirm).
-    pub fn requeue(&self, keys: impl IntoIterator<Item = Arc<[u8]>>) {
+    /// `since`: when their oldest change was made, so the lag keeps counting
+    /// from there rather than from the retry.
+    pub fn requeue(&self, keys: impl IntoIterator<Item = Arc<[u8]>>, since: Instant) {
         for k in keys {
             if let Some(mut e) = self.map.get_mut(&k) {
                 let (k, v) = e.pair_mut();
-                self.changed(k, v);
+                self.changed_at(k, v, Some(since));
             }
         }
     }

@@ -274,15 +274,31 @@ impl Client {
     pub async fn check(&self, check: &Check) -> Result<Decision, CheckError> {
         let answer = tokio::time::timeout(self.inner.deadline, self.ask(check.to_wire())).await;
         match answer {
-            Ok(Some(r)) => {
-                self.inner
-                    .stats
-                    .decided_by_sluice
-                    .fetch_add(1, Ordering::Relaxed);
-                from_wire(check, r)
-            }
+            Ok(Some(r)) => self.decided(check, r),
             _ => Ok(self.unavailable(check)),
         }
+    }
+
+    /// Decide several checks in one `Check` call (e.g. the rules of one
+    /// HTTP request), under one deadline; answers in order.
+    pub async fn check_all(&self, checks: &[Check]) -> Vec<Result<Decision, CheckError>> {
+        let requests = checks.iter().map(Check::to_wire).collect();
+        match tokio::time::timeout(self.inner.deadline, self.call(requests)).await {
+            Ok(Some(responses)) if responses.len() == checks.len() => checks
+                .iter()
+                .zip(responses)
+                .map(|(c, r)| self.decided(c, r))
+                .collect(),
+            _ => checks.iter().map(|c| Ok(self.unavailable(c))).collect(),
+        }
+    }
+
+    fn decided(&self, check: &Check, r: pb::RateLimitResponse) -> Result<Decision, CheckError> {
+        self.inner
+            .stats
+            .decided_by_sluice
+            .fetch_add(1, Ordering::Relaxed);
+        from_wire(check, r)
     }
 
     async fn ask(&self, request: pb::RateLimitRequest) -> Option<pb::RateLimitResponse> {
@@ -291,17 +307,19 @@ impl Client {
             batcher.try_send(Queued { request, answer }).ok()?;
             return rx.await.ok();
         }
+        let mut responses = self.call(vec![request]).await?;
+        (responses.len() == 1).then(|| responses.remove(0))
+    }
+
+    /// One `Check` call.
+    async fn call(
+        &self,
+        requests: Vec<pb::RateLimitRequest>,
+    ) -> Option<Vec<pb::RateLimitResponse>> {
         self.inner.stats.calls.fetch_add(1, Ordering::Relaxed);
         let mut rpc = self.inner.rpc.clone();
-        let mut responses = rpc
-            .check(pb::CheckRequest {
-                requests: vec![request],
-            })
-            .await
-            .ok()?
-            .into_inner()
-            .responses;
-        (responses.len() == 1).then(|| responses.remove(0))
+        let r = rpc.check(pb::CheckRequest { requests }).await.ok()?;
+        Some(r.into_inner().responses)
     }
 
     fn unavailable(&self, check: &Check) -> Decision {

@@ -71,6 +71,7 @@ impl Rule {
 type CostFn = dyn Fn(&Method, &str) -> u64 + Send + Sync;
 type PeerIpFn = dyn Fn(&http::Extensions) -> Option<IpAddr> + Send + Sync;
 
+#[derive(Clone)]
 struct Config {
     client: Client,
     rules: Vec<Rule>,
@@ -104,10 +105,8 @@ impl RateLimitLayer {
     }
 
     fn edit(mut self, f: impl FnOnce(&mut Config)) -> RateLimitLayer {
-        match Arc::get_mut(&mut self.config) {
-            Some(c) => f(c),
-            None => unreachable!("the layer is configured before it is cloned"),
-        }
+        // Copy-on-write: configuring a clone leaves the original alone.
+        f(Arc::make_mut(&mut self.config));
         self
     }
 
@@ -191,11 +190,12 @@ impl Config {
         }
     }
 
-    /// Every rule's decision; the first refusal, or the tightest admission.
+    /// Every rule's decision, in one call; the first refusal, or the
+    /// tightest admission.
     async fn decide(&self, checks: Vec<Check>) -> Result<(bool, Option<Decision>), String> {
         let mut tightest: Option<Decision> = None;
-        for check in checks {
-            let d = self.client.check(&check).await.map_err(|e| e.to_string())?;
+        for d in self.client.check_all(&checks).await {
+            let d = d.map_err(|e| e.to_string())?;
             if !d.allowed {
                 return Ok((false, Some(d)));
             }
