@@ -16,6 +16,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 use crate::policy::Policies;
+use crate::tls::{ApiTls, PeerTls};
 
 /// Log output format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,6 +41,8 @@ pub struct Config {
     pub limits: Limits,
     pub cluster: ClusterConfig,
     pub envoy: EnvoyConfig,
+    /// TLS for the public gRPC API (optional).
+    pub tls: Option<ApiTls>,
     /// Quota headers on HTTP answers (the check endpoint, and Envoy's when
     /// `envoy.response_headers`): any of `retry-after`, `x-ratelimit`, `ietf`.
     pub header_families: Vec<String>,
@@ -70,6 +73,11 @@ pub struct Limits {
     /// `Check` calls in progress at once; beyond it a call is answered at
     /// once, every item `UNAVAILABLE` / `OVERLOADED`, rather than queued.
     pub max_in_flight_checks: usize,
+    /// Open connections per gRPC listener; beyond it a new connection is
+    /// closed at once.
+    pub max_connections: usize,
+    /// Concurrent HTTP/2 streams (calls) per connection.
+    pub max_concurrent_streams: u32,
 }
 
 /// Membership and forwarding. With no `seeds`, the node is a healthy
@@ -143,6 +151,15 @@ pub struct ClusterConfig {
     /// previous version in a mixed-version cluster (no replicas, handoff or
     /// pulls).
     pub peer_protocol: u32,
+    /// Serve the peer and admin APIs on their own listener (required with
+    /// `tls`); peers reach this node there. Default: on `grpc_addr`.
+    pub peer_addr: Option<SocketAddr>,
+    /// Mutual TLS between peers (and operators) on `peer_addr`.
+    pub tls: Option<PeerTls>,
+    /// How far a peer token's time may be from this node's clock; a token
+    /// is accepted once within it.
+    #[serde(with = "humantime_serde_compat")]
+    pub token_window: Duration,
 }
 
 impl Default for ClusterConfig {
@@ -172,6 +189,9 @@ impl Default for ClusterConfig {
             replicate_interval: Duration::from_millis(20),
             handoff_timeout: Duration::from_secs(5),
             peer_protocol: crate::proto::PEER_PROTOCOL_VERSION,
+            peer_addr: None,
+            tls: None,
+            token_window: crate::cluster::auth::TOKEN_WINDOW,
         }
     }
 }
@@ -237,6 +257,7 @@ impl Default for Config {
             limits: Limits::default(),
             cluster: ClusterConfig::default(),
             envoy: EnvoyConfig::default(),
+            tls: None,
             header_families: vec!["retry-after".into(), "x-ratelimit".into(), "ietf".into()],
             policies: BTreeMap::new(),
         }
@@ -254,6 +275,8 @@ impl Default for Limits {
             sweep_interval: Duration::from_secs(10),
             max_metric_names: 100,
             max_in_flight_checks: 10_000,
+            max_connections: 10_000,
+            max_concurrent_streams: 1_000,
         }
     }
 }
@@ -293,6 +316,18 @@ impl Sources {
         Ok((config, policies))
     }
 
+    /// Load a config given as TOML text over the defaults (no environment,
+    /// no flags): what a config file alone means.
+    pub fn from_toml_str(text: &str) -> Result<(Config, Policies), ConfigError> {
+        let config: Config = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Toml::string(text))
+            .extract()
+            .map_err(|e| ConfigError(describe(e)))?;
+        config.validate()?;
+        let policies = Policies::from_config(&config)?;
+        Ok((config, policies))
+    }
+
     pub fn file(&self) -> Option<&Path> {
         self.file.as_deref()
     }
@@ -314,6 +349,11 @@ impl Config {
             ("limits.max_key_bytes", l.max_key_bytes),
             ("limits.max_message_bytes", l.max_message_bytes),
             ("limits.max_in_flight_checks", l.max_in_flight_checks),
+            ("limits.max_connections", l.max_connections),
+            (
+                "limits.max_concurrent_streams",
+                l.max_concurrent_streams as usize,
+            ),
         ];
         for (key, v) in positive {
             if v == 0 {
@@ -372,6 +412,25 @@ impl Config {
             }
         }
         c.secret_bytes()?;
+        if c.tls.is_some() && c.peer_addr.is_none() {
+            return Err(ConfigError(
+                "cluster.peer_addr: required with cluster.tls (peers and apps do not share a listener)".into(),
+            ));
+        }
+        if c.token_window < Duration::from_millis(100) {
+            return Err(ConfigError("cluster.token_window: at least 100ms".into()));
+        }
+        if let Some(tls) = &c.tls {
+            crate::tls::ServerFiles::peer(tls)
+                .load()
+                .map_err(|e| ConfigError(e.to_string()))?;
+            crate::tls::peer_client(tls).map_err(|e| ConfigError(e.to_string()))?;
+        }
+        if let Some(tls) = &self.tls {
+            crate::tls::ServerFiles::api(tls)
+                .load()
+                .map_err(|e| ConfigError(e.to_string()))?;
+        }
         crate::service::headers::Families::parse(&self.header_families)
             .map_err(|e| ConfigError(format!("header_families: {e}")))?;
         if let Some(path) = &self.envoy.rules_path

@@ -8,6 +8,8 @@ pub mod cli;
 pub mod clock;
 pub mod cluster;
 pub mod config;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod lease;
 pub mod limiter;
 pub mod metrics;
@@ -16,3 +18,4 @@ pub mod proto;
 pub mod server;
 pub mod service;
 pub mod store;
+pub mod tls;

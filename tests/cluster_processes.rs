@@ -8,7 +8,7 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{eventually, inline, under};
+use common::{eventually, free_port, inline, under};
 use sluice::proto::v1 as pb;
 use sluice::proto::v1::rate_limiter_client::RateLimiterClient;
 
@@ -33,21 +33,6 @@ impl Drop for Proc {
 /// the child's bind; a counter keeps the tests of this binary, which run in
 /// parallel, apart. (Found by CI: two ports picked by binding port 0 and
 /// releasing it collided, "Address already in use".)
-fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let start = (std::process::id() % 400) * 25;
-    loop {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = (20_000 + (start + n) % 12_000) as u16;
-        let tcp = std::net::TcpListener::bind(("127.0.0.1", port));
-        let udp = std::net::UdpSocket::bind(("127.0.0.1", port));
-        if tcp.is_ok() && udp.is_ok() {
-            return port;
-        }
-    }
-}
-
 fn spawn(i: usize, gossip: u16, seeds: &[u16]) -> Proc {
     let grpc = format!("127.0.0.1:{}", free_port());
     let http = format!("127.0.0.1:{}", free_port());
@@ -83,6 +68,8 @@ fn spawn(i: usize, gossip: u16, seeds: &[u16]) -> Proc {
 fn status(addr: &str) -> Option<serde_json::Value> {
     let out = Command::new(BIN)
         .args(["cluster", "status", "--json", "--addr", addr])
+        // Admin calls are signed with the cluster secret.
+        .env("SLUICE_CLUSTER__SECRET", "process-test-secret")
         .output()
         .ok()?;
     out.status

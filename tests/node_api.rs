@@ -248,7 +248,7 @@ async fn oversized_calls_are_refused_and_the_node_keeps_serving() {
         .check(pb::CheckRequest { requests: many })
         .await
         .unwrap_err();
-    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted);
     assert!(err.message().starts_with("requests:"), "{err:?}");
     // A message above the size bound.
     let big = vec![inline("m", &"k".repeat(1_000), 10, 60_000); 100];
@@ -257,12 +257,25 @@ async fn oversized_calls_are_refused_and_the_node_keeps_serving() {
         .check(pb::CheckRequest { requests: big })
         .await
         .unwrap_err();
-    assert_eq!(err.code(), tonic::Code::OutOfRange, "{err:?}");
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
     assert!(
         err.message().contains("message length too large"),
         "{err:?}"
     );
-    // Nothing was counted and the node still answers.
+    // Nothing was counted, both refusals are in /metrics with their bounds,
+    // and the node still answers.
     assert!(n.node.limiter.store().is_empty());
+    let resources = &n.node.limiter.metrics().resources;
+    assert_eq!(resources.exhausted_count("requests"), 1);
+    assert_eq!(resources.exhausted_count("message_bytes"), 1);
+    let metrics = n.node.limiter.metrics().render();
+    for line in [
+        "sluice_resource_limit{resource=\"max_message_bytes\"} 65536",
+        "sluice_resource_limit{resource=\"max_batch\"} 1000",
+        "sluice_resource_exhausted_total{resource=\"message_bytes\"} 1",
+        "sluice_connections{listener=\"grpc\"} ",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
     assert!(under(&n.check(inline("m", "k", 10, 60_000)).await));
 }

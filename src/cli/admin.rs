@@ -2,15 +2,16 @@
 
 use clap::{Args, Subcommand};
 
-use super::{CliResult, connect};
+use super::CliResult;
 use crate::proto::v1 as pb;
-use crate::proto::v1::admin_client::AdminClient;
 
 #[derive(Args, Debug)]
 pub struct AdminArgs {
     /// The node's gRPC address.
     #[arg(long, default_value = "127.0.0.1:8081", global = true)]
     addr: String,
+    #[command(flatten)]
+    operator: super::Operator,
     #[command(subcommand)]
     command: AdminCommand,
 }
@@ -49,7 +50,7 @@ impl KeyArgs {
 }
 
 pub async fn run(args: AdminArgs) -> CliResult {
-    let mut client = AdminClient::new(connect(&args.addr).await?);
+    let mut client = args.operator.admin(&args.addr).await?;
     match args.command {
         AdminCommand::Reset(k) => {
             let r = client

@@ -2,12 +2,13 @@
 
 use clap::{Args, Subcommand};
 
-use super::{CliResult, connect};
+use super::CliResult;
 use crate::proto::v1 as pb;
-use crate::proto::v1::admin_client::AdminClient;
 
 #[derive(Args, Debug)]
 pub struct ClusterArgs {
+    #[command(flatten)]
+    operator: super::Operator,
     #[command(subcommand)]
     command: ClusterCommand,
 }
@@ -26,7 +27,7 @@ enum ClusterCommand {
 
 pub async fn run(args: ClusterArgs) -> CliResult {
     let ClusterCommand::Status { addr, json } = args.command;
-    let mut client = AdminClient::new(connect(&addr).await?);
+    let mut client = args.operator.admin(&addr).await?;
     let s = client
         .cluster_status(pb::ClusterStatusRequest {})
         .await?

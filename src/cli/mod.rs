@@ -71,14 +71,119 @@ pub type CliResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 async fn connect(
     addr: &str,
 ) -> Result<tonic::transport::Channel, Box<dyn std::error::Error + Send + Sync>> {
+    connect_with(addr, None).await
+}
+
+/// Credentials for the admin API: the cluster secret (each call carries a
+/// fresh token), and for a node with peer mTLS, a certificate from the
+/// cluster CA (the admin API is then on `cluster.peer_addr`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct Operator {
+    /// The cluster secret.
+    #[arg(
+        long,
+        env = "SLUICE_CLUSTER__SECRET",
+        hide_env_values = true,
+        global = true
+    )]
+    secret: Option<String>,
+    /// A file holding the cluster secret.
+    #[arg(long, env = "SLUICE_CLUSTER__SECRET_FILE", global = true)]
+    secret_file: Option<std::path::PathBuf>,
+    /// The cluster CA (PEM), to reach a peer listener over mutual TLS.
+    #[arg(long, requires_all = ["cert", "key"], global = true)]
+    ca: Option<std::path::PathBuf>,
+    /// A certificate signed by the cluster CA (PEM).
+    #[arg(long, global = true)]
+    cert: Option<std::path::PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, global = true)]
+    key: Option<std::path::PathBuf>,
+    /// The name the nodes' certificates carry.
+    #[arg(long, default_value = "sluice-peer", global = true)]
+    server_name: String,
+}
+
+/// Signs each admin call with a fresh peer token.
+#[derive(Clone)]
+struct Signer(crate::cluster::auth::Secret);
+
+impl tonic::service::Interceptor for Signer {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(token) = self.0.peer_token("sluice-cli")
+            && let Ok(value) = token.parse()
+        {
+            request
+                .metadata_mut()
+                .insert(crate::cluster::auth::TOKEN_HEADER, value);
+        }
+        Ok(request)
+    }
+}
+
+type AdminClient = crate::proto::v1::admin_client::AdminClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Signer>,
+>;
+
+impl Operator {
+    async fn admin(
+        &self,
+        addr: &str,
+    ) -> Result<AdminClient, Box<dyn std::error::Error + Send + Sync>> {
+        let secret = match (&self.secret, &self.secret_file) {
+            (_, Some(path)) => Some(
+                std::fs::read(path)
+                    .map_err(|e| format!("--secret-file {}: {e}", path.display()))?
+                    .trim_ascii()
+                    .to_vec(),
+            ),
+            (Some(s), None) => Some(s.as_bytes().to_vec()),
+            (None, None) => None,
+        };
+        let tls = match (&self.ca, &self.cert, &self.key) {
+            (Some(ca), Some(cert), Some(key)) => Some(
+                crate::tls::peer_client(&crate::tls::PeerTls {
+                    ca_file: ca.clone(),
+                    cert_file: cert.clone(),
+                    key_file: key.clone(),
+                    server_name: self.server_name.clone(),
+                })
+                .map_err(|e| {
+                    e.to_string()
+                        .replace("cluster.tls.", "--")
+                        .replace("_file", "")
+                })?,
+            ),
+            _ => None,
+        };
+        let channel = connect_with(addr, tls).await?;
+        let signer = Signer(crate::cluster::auth::Secret::new(secret.as_deref()));
+        Ok(crate::proto::v1::admin_client::AdminClient::with_interceptor(channel, signer))
+    }
+}
+
+async fn connect_with(
+    addr: &str,
+    tls: Option<tonic::transport::ClientTlsConfig>,
+) -> Result<tonic::transport::Channel, Box<dyn std::error::Error + Send + Sync>> {
     let url = if addr.contains("://") {
         addr.to_string()
+    } else if tls.is_some() {
+        format!("https://{addr}")
     } else {
         format!("http://{addr}")
     };
-    let endpoint = tonic::transport::Endpoint::from_shared(url.clone())
+    let mut endpoint = tonic::transport::Endpoint::from_shared(url.clone())
         .map_err(|e| format!("--addr {addr}: {e}"))?
         .connect_timeout(std::time::Duration::from_secs(3));
+    if let Some(tls) = tls {
+        endpoint = endpoint
+            .tls_config(tls)
+            .map_err(|e| format!("--ca/--cert/--key: {e}"))?;
+    }
     Ok(endpoint
         .connect()
         .await

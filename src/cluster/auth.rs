@@ -13,6 +13,7 @@
 //! the node accepts any peer and logs a warning at start.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -23,6 +24,7 @@ use hmac::{KeyInit, Mac};
 use sha2::Sha256;
 
 use super::faults::Faults;
+use super::replay::Replays;
 
 type HmacSha256 = hmac::Hmac<Sha256>;
 
@@ -30,18 +32,36 @@ type HmacSha256 = hmac::Hmac<Sha256>;
 pub const MAC_LEN: usize = 32;
 /// The largest UDP payload.
 const MAX_DATAGRAM: usize = 65_507;
-/// How far a peer token's timestamp may be from this node's clock.
-pub const TOKEN_WINDOW: Duration = Duration::from_secs(30);
+/// How far a peer token's timestamp may be from this node's clock, unless
+/// configured (`cluster.token_window`).
+pub const TOKEN_WINDOW: Duration = Duration::from_secs(10);
+/// Distinct token senders remembered for replay checks (nodes, and operator
+/// CLI runs).
+const MAX_SENDERS: usize = 10_000;
 /// The gRPC metadata key carrying the peer token.
 pub const TOKEN_HEADER: &str = "x-sluice-peer";
 
-/// The cluster secret, if one is configured.
+/// The cluster secret, if one is configured, with this node's token state:
+/// its run id and sequence for the tokens it mints, and the replay window
+/// for the tokens it checks. Cheap to clone (one `Arc`).
 #[derive(Clone)]
-pub struct Secret(Option<Vec<u8>>);
+pub struct Secret(Arc<Shared>);
+
+struct Shared {
+    key: Option<Vec<u8>>,
+    /// This process's run: tokens carry it so a receiver keeps one replay
+    /// window per run of each sender.
+    run: u64,
+    seq: AtomicU64,
+    window: Duration,
+    /// A std mutex: held for a map lookup and a few word operations, never
+    /// across an await.
+    replays: Mutex<Replays>,
+}
 
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
+        f.write_str(if self.is_set() {
             "Secret(set)"
         } else {
             "Secret(none)"
@@ -51,15 +71,30 @@ impl std::fmt::Debug for Secret {
 
 impl Secret {
     pub fn new(secret: Option<&[u8]>) -> Secret {
-        Secret(secret.filter(|s| !s.is_empty()).map(<[u8]>::to_vec))
+        Secret::with_window(secret, TOKEN_WINDOW)
+    }
+
+    /// A secret whose peer tokens are valid `window` either side of now.
+    pub fn with_window(secret: Option<&[u8]>, window: Duration) -> Secret {
+        let run = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        Secret(Arc::new(Shared {
+            key: secret.filter(|s| !s.is_empty()).map(<[u8]>::to_vec),
+            run,
+            seq: AtomicU64::new(0),
+            window,
+            replays: Mutex::new(Replays::new(MAX_SENDERS, window.as_millis() as u64)),
+        }))
     }
 
     pub fn is_set(&self) -> bool {
-        self.0.is_some()
+        self.0.key.is_some()
     }
 
     fn mac(&self, parts: &[&[u8]]) -> Option<[u8; MAC_LEN]> {
-        let key = self.0.as_ref()?;
+        let key = self.0.key.as_ref()?;
         let mut mac = HmacSha256::new_from_slice(key).ok()?;
         for p in parts {
             mac.update(p);
@@ -68,7 +103,7 @@ impl Secret {
     }
 
     fn verify(&self, parts: &[&[u8]], tag: &[u8]) -> bool {
-        let Some(key) = &self.0 else { return true };
+        let Some(key) = &self.0.key else { return true };
         let Ok(mut mac) = HmacSha256::new_from_slice(key) else {
             return false;
         };
@@ -96,37 +131,68 @@ impl Secret {
             .then_some(body)
     }
 
-    /// A token for a peer call from `node_id`, at the current time.
-    pub fn peer_token(&self, node_id: &str) -> Option<String> {
-        let ms = unix_ms();
-        let tag = self.mac(&[b"sluice-peer-v1", node_id.as_bytes(), &ms.to_le_bytes()])?;
-        Some(format!("{node_id}:{ms}:{}", hex(&tag)))
+    /// A fresh token for one call from `sender`, at the current time:
+    /// `sender:run:seq:ms:mac`. Each token is accepted once.
+    pub fn peer_token(&self, sender: &str) -> Option<String> {
+        let seq = self.0.seq.fetch_add(1, Ordering::Relaxed);
+        self.token_at(sender, self.0.run, seq, unix_ms())
     }
 
-    /// Check a peer token; returns the sender's node id.
+    fn token_at(&self, sender: &str, run: u64, seq: u64, ms: u64) -> Option<String> {
+        let tag = self.mac(&[&token_message(sender, run, seq, ms)])?;
+        Some(format!("{sender}:{run}:{seq}:{ms}:{}", hex(&tag)))
+    }
+
+    /// Check a peer token: valid MAC, inside the window, never seen before.
+    /// Returns the sender's id.
     pub fn check_peer_token(&self, token: Option<&str>) -> Result<Option<String>, &'static str> {
         if !self.is_set() {
             return Ok(None);
         }
         let token = token.ok_or("missing peer token")?;
-        let mut parts = token.rsplitn(3, ':');
-        let (tag, ms, node) = match (parts.next(), parts.next(), parts.next()) {
-            (Some(t), Some(m), Some(n)) => (t, m, n),
-            _ => return Err("malformed peer token"),
-        };
-        let ms: u64 = ms.parse().map_err(|_| "malformed peer token")?;
-        let tag = unhex(tag).ok_or("malformed peer token")?;
-        if !self.verify(
-            &[b"sluice-peer-v1", node.as_bytes(), &ms.to_le_bytes()],
-            &tag,
+        let malformed = "malformed peer token";
+        let mut parts = token.rsplitn(5, ':');
+        let (tag, ms, seq, run, sender) = match (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
         ) {
+            (Some(t), Some(m), Some(q), Some(r), Some(s)) => (t, m, q, r, s),
+            _ => return Err(malformed),
+        };
+        let number = |s: &str| s.parse::<u64>().map_err(|_| malformed);
+        let (ms, seq, run) = (number(ms)?, number(seq)?, number(run)?);
+        let tag = unhex(tag).ok_or(malformed)?;
+        if !self.verify(&[&token_message(sender, run, seq, ms)], &tag) {
             return Err("invalid peer token");
         }
-        if unix_ms().abs_diff(ms) > TOKEN_WINDOW.as_millis() as u64 {
+        let now = unix_ms();
+        if now.abs_diff(ms) > self.0.window.as_millis() as u64 {
             return Err("expired peer token");
         }
-        Ok(Some(node.to_string()))
+        self.0
+            .replays
+            .lock()
+            .map_err(|_| "replay window lock poisoned")?
+            .accept(sender, run, seq, now)
+            .map_err(|r| r.reason())?;
+        Ok(Some(sender.to_string()))
     }
+}
+
+/// The bytes a peer token's MAC covers (the sender length-prefixed, so no
+/// two tokens share them).
+fn token_message(sender: &str, run: u64, seq: u64, ms: u64) -> Vec<u8> {
+    let mut m = Vec::with_capacity(48 + sender.len());
+    m.extend_from_slice(b"sluice-peer-v2");
+    m.extend_from_slice(&(sender.len() as u64).to_le_bytes());
+    m.extend_from_slice(sender.as_bytes());
+    for n in [run, seq, ms] {
+        m.extend_from_slice(&n.to_le_bytes());
+    }
+    m
 }
 
 fn unix_ms() -> u64 {
@@ -269,21 +335,37 @@ mod tests {
         let s = Secret::new(Some(b"k"));
         let t = s.peer_token("node:a").unwrap();
         assert_eq!(s.check_peer_token(Some(&t)), Ok(Some("node:a".into())));
+        let other = Secret::new(Some(b"other"));
         assert!(
-            Secret::new(Some(b"other"))
-                .check_peer_token(Some(&t))
+            other
+                .check_peer_token(Some(&s.peer_token("n").unwrap()))
                 .is_err()
         );
         assert!(s.check_peer_token(None).is_err());
-        assert!(s.check_peer_token(Some("a:1:zz")).is_err());
-        let stale = format!(
-            "n:{}:{}",
-            1,
-            hex(&s
-                .mac(&[b"sluice-peer-v1", b"n", &1u64.to_le_bytes()])
-                .unwrap())
-        );
+        assert!(s.check_peer_token(Some("a:1:2:3:zz")).is_err());
+        let stale = s.token_at("n", 1, 0, 1).unwrap();
         assert_eq!(s.check_peer_token(Some(&stale)), Err("expired peer token"));
         assert_eq!(Secret::new(None).check_peer_token(None), Ok(None));
+    }
+
+    #[test]
+    fn a_token_is_accepted_once() {
+        let sender = Secret::new(Some(b"k"));
+        let receiver = Secret::new(Some(b"k"));
+        let first = sender.peer_token("a").unwrap();
+        let second = sender.peer_token("a").unwrap();
+        assert_ne!(first, second);
+        assert!(receiver.check_peer_token(Some(&second)).is_ok());
+        assert!(receiver.check_peer_token(Some(&first)).is_ok());
+        assert_eq!(
+            receiver.check_peer_token(Some(&first)),
+            Err("replayed peer token")
+        );
+        // A tampered field breaks the MAC.
+        let forged = first.replacen(":0:", ":7:", 1);
+        assert_eq!(
+            receiver.check_peer_token(Some(&forged)),
+            Err("invalid peer token")
+        );
     }
 }

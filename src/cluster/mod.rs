@@ -6,5 +6,6 @@ pub mod breaker;
 pub mod faults;
 pub mod membership;
 pub mod peers;
+pub mod replay;
 pub mod ring;
 pub mod wire;

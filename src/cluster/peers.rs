@@ -39,6 +39,8 @@ pub struct ForwardSettings {
     pub breaker_failures: u32,
     /// How long an open breaker waits before letting a probe through.
     pub breaker_cooldown: Duration,
+    /// Mutual TLS to peers (`cluster.tls`); plain HTTP/2 without.
+    pub tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 /// Why a forward produced no answer.
@@ -172,10 +174,18 @@ impl Peers {
         protocol: u32,
     ) -> Result<Arc<Peer>, tonic::transport::Error> {
         let settings = &self.inner.settings;
-        let channel = Endpoint::from_shared(format!("http://{addr}"))?
+        let scheme = if settings.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))?
             .connect_timeout(settings.timeout.max(Duration::from_millis(100)))
-            .tcp_nodelay(true)
-            .connect_lazy();
+            .tcp_nodelay(true);
+        if let Some(tls) = &settings.tls {
+            endpoint = endpoint.tls_config(tls.clone())?;
+        }
+        let channel = endpoint.connect_lazy();
         let client = PeerClient::new(channel);
         let (queue, rx) = mpsc::channel(settings.queue.max(1));
         let stop = CancellationToken::new();

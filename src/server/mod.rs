@@ -20,6 +20,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::algorithm::Bounds;
+pub(crate) mod conn;
 mod watch;
 
 use crate::clock::SharedClock;
@@ -32,16 +33,11 @@ use crate::lease::Leases;
 use crate::limiter::{ClusterSettings, Limiter, Parts};
 use crate::metrics::Metrics;
 use crate::policy::Policies;
-use crate::proto::FILE_DESCRIPTOR_SET;
-use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
-use crate::proto::peer::peer_server::PeerServer;
-use crate::proto::v1::admin_server::AdminServer;
-use crate::proto::v1::rate_limiter_server::RateLimiterServer;
+use crate::service::grpc::{Api, Services};
 use crate::service::headers::Families;
-use crate::service::{
-    admin::AdminService, envoy::RlsService, http, peer::PeerService, v1::RateLimiterService,
-};
+use crate::service::{admin::AdminService, http, peer::PeerService};
 use crate::store::Store;
+use crate::tls::{Reloading, ServerFiles, TlsError};
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +63,8 @@ pub enum StartError {
 /// A started node.
 pub struct Node {
     pub grpc_addr: SocketAddr,
+    /// The peer and admin listener, when `cluster.peer_addr` is set.
+    pub peer_addr: Option<SocketAddr>,
     pub http_addr: SocketAddr,
     pub gossip_addr: SocketAddr,
     pub limiter: Limiter,
@@ -94,7 +92,7 @@ impl Node {
         clock: SharedClock,
     ) -> Result<Node, StartError> {
         let cluster = &config.cluster;
-        let secret = Secret::new(cluster.secret_bytes()?.as_deref());
+        let secret = Secret::with_window(cluster.secret_bytes()?.as_deref(), cluster.token_window);
         if !secret.is_set() {
             tracing::warn!(
                 "no cluster secret: gossip and peer calls are not authenticated (set cluster.secret_file)"
@@ -114,6 +112,12 @@ impl Node {
                 in_flight: cluster.peer_in_flight,
                 breaker_failures: cluster.breaker_failures,
                 breaker_cooldown: cluster.breaker_cooldown,
+                tls: match &cluster.tls {
+                    Some(tls) => {
+                        Some(crate::tls::peer_client(tls).map_err(|e| ConfigError(e.to_string()))?)
+                    }
+                    None => None,
+                },
             },
             metrics.cluster.clone(),
             faults.clone(),
@@ -146,6 +150,14 @@ impl Node {
         let http = TcpListener::bind(config.http_addr)
             .await
             .map_err(bind_error("HTTP admin", config.http_addr))?;
+        let peer_listener = match cluster.peer_addr {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(bind_error("peer gRPC", addr))?,
+            ),
+            None => None,
+        };
         let gossip = std::net::UdpSocket::bind(cluster.gossip_addr)
             .and_then(|s| s.set_nonblocking(true).map(|()| s))
             .map_err(bind_error("gossip", cluster.gossip_addr))?;
@@ -161,7 +173,12 @@ impl Node {
 
         let host = advertise_host(cluster.advertise_host.as_deref(), grpc_addr.ip());
         let gossip_advertise = resolve(&host, gossip_addr.port()).await?;
-        let grpc_advertise = format!("{host}:{}", grpc_addr.port());
+        let peer_addr = match &peer_listener {
+            Some(l) => Some(l.local_addr().map_err(bind_error("peer gRPC", grpc_addr))?),
+            None => None,
+        };
+        // Peers reach this node's peer API: its own listener when it has one.
+        let grpc_advertise = format!("{host}:{}", peer_addr.unwrap_or(grpc_addr).port());
         if !cluster.seeds.is_empty()
             && gossip_advertise.ip().is_loopback()
             && cluster.advertise_host.is_none()
@@ -221,20 +238,51 @@ impl Node {
         }
         let peer = PeerService::new(
             limiter.clone(),
-            secret,
+            secret.clone(),
             bounds,
             cluster.batch_max_items.max(1_000),
             cluster.peer_protocol,
         );
         let admin = AdminService::new(limiter.clone(), membership.clone());
-        tasks.spawn(serve_grpc(
-            grpc,
-            &config,
-            limiter.clone(),
-            admin,
-            peer,
-            shutdown.clone(),
-        )?);
+        let resources = limiter.metrics().resources.clone();
+        resources.set_bounds(&bounds_of(&config));
+        let api_tls = match &config.tls {
+            Some(tls) => Some(Reloading::new(ServerFiles::api(tls)).map_err(tls_error)?),
+            None => None,
+        };
+        let peer_tls = match &cluster.tls {
+            Some(tls) => Some(Reloading::new(ServerFiles::peer(tls)).map_err(tls_error)?),
+            None => None,
+        };
+        for tls in api_tls.iter().chain(peer_tls.iter()) {
+            let metrics = limiter.metrics().clone();
+            tasks.spawn(
+                tls.clone()
+                    .watch(move |ok| metrics.reloaded(ok), shutdown.clone()),
+            );
+        }
+        let services = Services::new(&config, limiter.clone(), admin, peer, secret)?;
+        let grpc = conn::Listener {
+            name: "grpc",
+            listener: grpc,
+            max_connections: config.limits.max_connections,
+            resources: resources.clone(),
+        };
+        match peer_listener {
+            None => {
+                tasks.spawn(services.serve(Api::All, grpc, api_tls, shutdown.clone())?);
+            }
+            Some(listener) => {
+                tasks.spawn(services.serve(Api::Public, grpc, api_tls, shutdown.clone())?);
+                let peer = conn::Listener {
+                    name: "peer",
+                    listener,
+                    max_connections: config.limits.max_connections,
+                    resources,
+                };
+                tasks.spawn(services.serve(Api::Peer, peer, peer_tls, shutdown.clone())?);
+            }
+        }
         let families = Families::parse(&config.header_families).map_err(ConfigError)?;
         let router = http::router(
             limiter.clone(),
@@ -305,6 +353,7 @@ impl Node {
         tracing::info!(%grpc_addr, %http_addr, %gossip_addr, node_id = %config.node_id, "serving");
         Ok(Node {
             grpc_addr,
+            peer_addr,
             http_addr,
             gossip_addr,
             limiter,
@@ -424,74 +473,28 @@ async fn follow_ring(membership: Membership, limiter: Limiter, token: Cancellati
     }
 }
 
-fn serve_grpc(
-    listener: TcpListener,
-    config: &Config,
-    limiter: Limiter,
-    admin: AdminService,
-    peer: PeerService,
-    token: CancellationToken,
-) -> Result<impl std::future::Future<Output = ()> + use<>, StartError> {
-    let max = config.limits.max_message_bytes;
-    let reflection = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(sluice_api::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-    };
-    let reflection_v1 = reflection().build_v1()?;
-    let reflection_v1alpha = reflection().build_v1alpha()?;
-    let (health, health_service) = tonic_health::server::health_reporter();
-    let v1 = RateLimiterServer::new(RateLimiterService::new(
-        limiter.clone(),
-        config.limits.clone(),
-    ))
-    .max_decoding_message_size(max);
-    let admin = AdminServer::new(admin).max_decoding_message_size(max);
-    let peer = PeerServer::new(peer).max_decoding_message_size(max);
-    let response_headers = config.envoy.response_headers;
-    let families = Families::parse(&config.header_families)
-        .ok()
-        .filter(|_| response_headers);
-    let envoy = RateLimitServiceServer::new(RlsService::new(
-        limiter.clone(),
-        config.limits.max_key_bytes,
-        families,
-    ))
-    .max_decoding_message_size(max);
-    let router = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
-        .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(v1)
-        .add_service(admin)
-        .add_service(envoy)
-        .add_service(peer);
-    Ok(async move {
-        health
-            .set_serving::<RateLimiterServer<RateLimiterService>>()
-            .await;
-        health
-            .set_service_status("", tonic_health::ServingStatus::Serving)
-            .await;
-        // Our own listener (bound early, for port 0): tonic's server-level
-        // TCP options do not reach it, so set no-delay here. Without it,
-        // Nagle and delayed ACKs hold small answers back for up to 40 ms.
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        let stopping = token.clone();
-        let shutdown = async move {
-            stopping.cancelled().await;
-            health
-                .set_service_status("", tonic_health::ServingStatus::NotServing)
-                .await;
-        };
-        if let Err(e) = router
-            .serve_with_incoming_shutdown(incoming, shutdown)
-            .await
-        {
-            tracing::error!(error = %e, "gRPC server failed");
-        }
-    })
+fn tls_error(e: TlsError) -> StartError {
+    StartError::Config(ConfigError(e.to_string()))
+}
+
+/// The configured resource bounds, as `/metrics` publishes them.
+fn bounds_of(config: &Config) -> Vec<(&'static str, u64)> {
+    let (l, c) = (&config.limits, &config.cluster);
+    let n = |v: usize| v as u64;
+    vec![
+        ("max_keys", n(l.max_keys)),
+        ("max_batch", n(l.max_batch)),
+        ("max_key_bytes", n(l.max_key_bytes)),
+        ("max_message_bytes", n(l.max_message_bytes)),
+        ("max_in_flight_checks", n(l.max_in_flight_checks)),
+        ("max_connections", n(l.max_connections)),
+        (
+            "max_concurrent_streams",
+            u64::from(l.max_concurrent_streams),
+        ),
+        ("max_log_entries", l.max_log_entries),
+        ("peer_queue", n(c.peer_queue)),
+        ("peer_in_flight", n(c.peer_in_flight)),
+        ("lease_max_keys", n(c.lease_max_keys)),
+    ]
 }

@@ -8,6 +8,7 @@
 
 pub mod admin;
 pub mod envoy;
+pub mod grpc;
 /// Refusal and quota headers: the `sluice-api` crate's, shared with the client.
 pub use sluice_api::headers;
 pub mod http;

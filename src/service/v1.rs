@@ -41,8 +41,8 @@ impl RateLimiter for RateLimiterService {
         let started = Instant::now();
         let requests = request.into_inner().requests;
         if requests.len() > self.limits.max_batch {
-            self.limiter.metrics().invalid("requests");
-            return Err(Status::invalid_argument(format!(
+            self.limiter.metrics().resources.exhausted("requests");
+            return Err(Status::resource_exhausted(format!(
                 "requests: at most {} per call, got {}",
                 self.limits.max_batch,
                 requests.len()

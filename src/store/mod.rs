@@ -31,6 +31,9 @@ use crate::algorithm::{Decision, Nanos, Request, Spec};
 
 /// How many unreferenced keys the eviction hand compares per eviction.
 const SAMPLE: usize = 8;
+/// Keys much fuller than recent victims the hand may pass over per
+/// eviction, looking for fresher ones (bounds an eviction's work).
+const MAX_PASS: usize = 4_096;
 
 /// How a key not in memory starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,6 +88,12 @@ pub struct Store {
     /// marks up; after it (nearly always), no key is marked, so no lookup.
     moved_until: AtomicU64,
     replicating: std::sync::atomic::AtomicBool,
+    /// Recent victims' fullness (ppm, a moving average): the eviction hand
+    /// passes over keys much fuller than that. Keys of one age sit together
+    /// in the ring, so a sample of neighbours can be all warm keys; without
+    /// this, a cohort of half-used keys would be evicted among themselves
+    /// while a flood of nearly fresh keys waits further along.
+    typical_victim: AtomicU64,
 }
 
 /// Keys waiting for the replicator, each once, with when it changed.
@@ -108,6 +117,7 @@ impl Store {
             changed: Mutex::new(std::collections::VecDeque::new()),
             moved_until: AtomicU64::new(0),
             replicating: std::sync::atomic::AtomicBool::new(false),
+            typical_victim: AtomicU64::new(0),
         }
     }
 
@@ -469,7 +479,10 @@ impl Store {
     /// One turn of the eviction hand. Returns false if nothing could be evicted.
     fn evict_one(&self, now: Nanos) -> bool {
         let mut ring = self.ring_lock();
+        let typical = self.typical_victim.load(Ordering::Relaxed);
+        let much_fuller = typical.saturating_mul(2).max(typical + 1_000);
         let mut candidates: Vec<(u64, Nanos, Arc<[u8]>)> = Vec::with_capacity(SAMPLE);
+        let mut passed: Vec<(u64, Nanos, Arc<[u8]>)> = Vec::new();
         // Every key gets at most one second chance per turn, so the turn ends.
         let mut budget = 2 * ring.len() + SAMPLE;
         while candidates.len() < SAMPLE && budget > 0 {
@@ -483,15 +496,28 @@ impl Store {
                 ring.push_back(key);
                 continue;
             }
-            candidates.push((e.fullness_ppm(now), e.last_seen(), key));
+            let fullness = e.fullness_ppm(now);
+            let candidate = (fullness, e.last_seen(), key);
+            if fullness > much_fuller && passed.len() < MAX_PASS {
+                passed.push(candidate);
+            } else {
+                candidates.push(candidate);
+            }
+        }
+        if candidates.is_empty() {
+            // Nothing near the usual: the fullest keys are all there is.
+            candidates = std::mem::take(&mut passed);
         }
         candidates.sort();
         let mut rest = candidates.into_iter();
-        let Some((_, _, victim)) = rest.next() else {
+        let Some((fullness, _, victim)) = rest.next() else {
             return false;
         };
         ring.extend(rest.map(|c| c.2));
+        ring.extend(passed.into_iter().map(|c| c.2));
         drop(ring);
+        self.typical_victim
+            .store((typical * 7 + fullness) / 8, Ordering::Relaxed);
         if self.map.remove(&victim).is_some() {
             self.count.fetch_sub(1, Ordering::Relaxed);
             self.stats.evictions.fetch_add(1, Ordering::Relaxed);
@@ -582,6 +608,30 @@ mod tests {
         assert!(store.inspect(&keys[0], 0).is_some());
         assert!(store.inspect(&keys[2], 0).is_some());
         assert_eq!(store.stats().evictions.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_cohort_of_warm_neighbours_outlives_a_flood_of_fresh_keys() {
+        // 100 half-used keys inserted together, then 10,000 new keys at 10%
+        // into a table of 1,000: the hand meets the cohort as neighbours,
+        // yet evicts only flood keys.
+        let store = Store::new(1_000);
+        let warm: Vec<_> = (0..100).map(|i| key::encode("w", &i.to_string())).collect();
+        for k in &warm {
+            store.decide(k, &spec(10), Request::hits(5), 0);
+        }
+        for i in 0..10_000 {
+            store.decide(
+                &key::encode("f", &i.to_string()),
+                &spec(10),
+                Request::hits(1),
+                0,
+            );
+        }
+        assert_eq!(store.len(), 1_000);
+        for k in &warm {
+            assert!(store.inspect(k, 0).is_some(), "a warm key was evicted");
+        }
     }
 
     #[test]

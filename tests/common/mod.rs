@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod load;
+pub mod pki;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -237,5 +238,23 @@ where
         }
         assert!(Instant::now() < until, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A loopback port free for both TCP and UDP, below the ephemeral range (a
+/// port bound to 0 and released can be handed to someone's outgoing
+/// connection before a child process binds it), spread by process id.
+pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = (std::process::id() % 400) * 25;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (20_000 + (start + n) % 12_000) as u16;
+        let tcp = std::net::TcpListener::bind(("127.0.0.1", port));
+        let udp = std::net::UdpSocket::bind(("127.0.0.1", port));
+        if tcp.is_ok() && udp.is_ok() {
+            return port;
+        }
     }
 }

@@ -1,0 +1,176 @@
+//! The gRPC listeners' accept loops: a bound on open connections, and the
+//! TLS handshake (when configured) off the accept loop.
+//!
+//! A connection beyond `max_connections` is closed at once and counted:
+//! before HTTP/2 is spoken there is no way to send it a status, and holding
+//! it open would be the unbounded queue the bound exists to prevent. Each
+//! admitted connection holds a semaphore permit until it closes.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::server::Connected;
+
+use crate::metrics::Resources;
+use crate::tls::Reloading;
+
+/// A handshake that has not finished by then is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Handshaken connections waiting for the server to take them.
+const READY_QUEUE: usize = 64;
+
+/// A connection that holds its listener's permit while open.
+pub struct Limited<IO> {
+    io: IO,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl<IO: Connected> Connected for Limited<IO> {
+    type ConnectInfo = IO::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Limited<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Limited<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+/// One listener's settings.
+pub struct Listener {
+    /// `grpc` or `peer`: the metrics label.
+    pub name: &'static str,
+    pub listener: TcpListener,
+    pub max_connections: usize,
+    pub resources: Arc<Resources>,
+}
+
+type Incoming<IO> = ReceiverStream<io::Result<Limited<IO>>>;
+
+impl Listener {
+    /// Plain TCP connections.
+    pub fn plain(self, token: CancellationToken) -> Incoming<TcpStream> {
+        self.accept(token, |tcp| async move { Ok(tcp) })
+    }
+
+    /// TLS connections, handshaken with the config current at accept time.
+    pub fn tls(
+        self,
+        tls: Arc<Reloading>,
+        token: CancellationToken,
+    ) -> Incoming<tokio_rustls::server::TlsStream<TcpStream>> {
+        let name = self.name;
+        self.accept(token, move |tcp| {
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
+            async move {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    Ok(Ok(stream)) => Ok(stream),
+                    Ok(Err(e)) => {
+                        tracing::debug!(listener = name, error = %e, "TLS handshake failed");
+                        Err(e)
+                    }
+                    Err(_) => Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "TLS handshake timed out",
+                    )),
+                }
+            }
+        })
+    }
+
+    fn accept<IO, F, Fut>(self, token: CancellationToken, handshake: F) -> Incoming<IO>
+    where
+        IO: Send + 'static,
+        F: Fn(TcpStream) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = io::Result<IO>> + Send + 'static,
+    {
+        let (tx, rx) = mpsc::channel(READY_QUEUE);
+        let permits = Arc::new(Semaphore::new(self.max_connections.max(1)));
+        let Listener {
+            name,
+            listener,
+            max_connections,
+            resources,
+        } = self;
+        resources.listener(name, permits.clone(), max_connections.max(1));
+        tokio::spawn(async move {
+            loop {
+                let tcp = tokio::select! {
+                    _ = token.cancelled() => return,
+                    accepted = listener.accept() => match accepted {
+                        Ok((tcp, _)) => tcp,
+                        Err(e) => {
+                            // Out of descriptors, say: back off rather than spin.
+                            tracing::warn!(listener = name, error = %e, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    },
+                };
+                let Ok(permit) = permits.clone().try_acquire_owned() else {
+                    resources.exhausted("connections");
+                    drop(tcp);
+                    continue;
+                };
+                // Nagle and delayed ACKs would hold small answers back.
+                let _ = tcp.set_nodelay(true);
+                let (tx, handshake) = (tx.clone(), handshake(tcp));
+                tokio::spawn(async move {
+                    if let Ok(io) = handshake.await {
+                        let conn = Limited {
+                            io,
+                            _permit: permit,
+                        };
+                        let _ = tx.send(Ok(conn)).await;
+                    }
+                });
+            }
+        });
+        ReceiverStream::new(rx)
+    }
+}
