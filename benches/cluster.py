@@ -62,16 +62,20 @@ class Cluster:
             time.sleep(0.2)
         sys.exit("cluster did not form")
 
+    def status(self, addr):
+        # Admin calls are signed with the cluster secret.
+        env = dict(os.environ, SLUICE_CLUSTER__SECRET="bench-secret")
+        return subprocess.run([BIN, "cluster", "status", "--json", "--addr", addr],
+                              capture_output=True, text=True, env=env)
+
     def ready(self, addr, n):
-        out = subprocess.run([BIN, "cluster", "status", "--json", "--addr", addr],
-                             capture_output=True, text=True)
+        out = self.status(addr)
         if out.returncode != 0:
             return False
         return sum(m["in_ring"] for m in json.loads(out.stdout)["members"]) == n
 
     def in_ring(self, addr):
-        out = subprocess.run([BIN, "cluster", "status", "--json", "--addr", addr],
-                             capture_output=True, text=True)
+        out = self.status(addr)
         if out.returncode != 0:
             return -1
         return sum(m["in_ring"] for m in json.loads(out.stdout)["members"])

@@ -160,6 +160,10 @@ pub struct ClusterConfig {
     /// is accepted once within it.
     #[serde(with = "humantime_serde_compat")]
     pub token_window: Duration,
+    /// Tiered mode: how long an allotment may be spent (its size is the
+    /// edge's demand over this long, within its share).
+    #[serde(with = "humantime_serde_compat")]
+    pub tiered_allotment_ttl: Duration,
 }
 
 impl Default for ClusterConfig {
@@ -192,6 +196,7 @@ impl Default for ClusterConfig {
             peer_addr: None,
             tls: None,
             token_window: crate::cluster::auth::TOKEN_WINDOW,
+            tiered_allotment_ttl: Duration::from_millis(250),
         }
     }
 }
@@ -245,6 +250,9 @@ pub struct PolicyConfig {
     pub shadow: bool,
     /// When the key's owner cannot be reached: local_share (default), allow or deny.
     pub on_owner_unreachable: Option<String>,
+    /// exact (default: every decision by the key's owner) or tiered (hot
+    /// keys: each node spends an allotment the owner grants by demand).
+    pub mode: Option<String>,
 }
 
 impl Default for Config {
@@ -415,6 +423,11 @@ impl Config {
         if c.tls.is_some() && c.peer_addr.is_none() {
             return Err(ConfigError(
                 "cluster.peer_addr: required with cluster.tls (peers and apps do not share a listener)".into(),
+            ));
+        }
+        if c.tiered_allotment_ttl < Duration::from_millis(10) {
+            return Err(ConfigError(
+                "cluster.tiered_allotment_ttl: at least 10ms".into(),
             ));
         }
         if c.token_window < Duration::from_millis(100) {

@@ -129,18 +129,26 @@ impl Leases {
             d.retry_after = None;
         }
         if d.reason == Reason::WithinLimit && req.hits > 0 {
-            let mut pending = self.pending();
-            let p = pending.entry(Arc::from(key)).or_insert_with(|| Pending {
-                spec: *spec,
-                unsent: 0,
-                last_at: now,
-                in_flight: None,
-            });
-            p.spec = *spec;
-            p.unsent = p.unsent.saturating_add(req.hits);
-            p.last_at = p.last_at.max(now);
+            self.record(key, spec, req.hits, now);
         }
         d
+    }
+
+    /// Queue `hits` admitted here for the next report to the key's owner
+    /// (leases, and tiered mode's allotments). The table of unreported keys
+    /// is bounded by the callers' admission checks; a key already queued
+    /// always accumulates.
+    pub fn record(&self, key: &[u8], spec: &Spec, hits: u64, now: Nanos) {
+        let mut pending = self.pending();
+        let p = pending.entry(Arc::from(key)).or_insert_with(|| Pending {
+            spec: *spec,
+            unsent: 0,
+            last_at: now,
+            in_flight: None,
+        });
+        p.spec = *spec;
+        p.unsent = p.unsent.saturating_add(hits);
+        p.last_at = p.last_at.max(now);
     }
 
     /// The reports to send now: each key's in-flight report, cutting a new

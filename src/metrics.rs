@@ -180,6 +180,15 @@ pub struct ClusterMetrics {
     pub ring_epoch: Gauge,
     /// `N`, the cluster size that sizes shares.
     pub size: Gauge,
+    /// Tiered mode: decisions by path (local_allotment, slow, fallback).
+    pub tiered_decisions: Family<Vec<(&'static str, &'static str)>, Counter>,
+    /// Tiered mode, as an owner: grants made, and tokens granted.
+    pub tiered_grants: Counter,
+    pub tiered_granted_tokens: Counter,
+    /// Tiered mode: tokens this edge holds in allotments, and tokens this
+    /// owner promised that edges have not reported yet (outstanding).
+    pub tiered_held: Gauge,
+    pub tiered_reserved: Gauge,
 }
 
 impl ClusterMetrics {
@@ -209,6 +218,11 @@ impl ClusterMetrics {
             members: Family::default(),
             ring_epoch: Gauge::default(),
             size: Gauge::default(),
+            tiered_decisions: Family::default(),
+            tiered_grants: Counter::default(),
+            tiered_granted_tokens: Counter::default(),
+            tiered_held: Gauge::default(),
+            tiered_reserved: Gauge::default(),
         }
     }
 
@@ -252,6 +266,31 @@ impl ClusterMetrics {
             "sluice_cluster_size",
             "N, the cluster size that sizes shares",
             self.size.clone(),
+        );
+        registry.register(
+            "sluice_tiered_decisions",
+            "Tiered-mode decisions by path: local_allotment (no hop), slow (the owner), fallback",
+            self.tiered_decisions.clone(),
+        );
+        registry.register(
+            "sluice_tiered_grants",
+            "Allotments granted to edges (as an owner)",
+            self.tiered_grants.clone(),
+        );
+        registry.register(
+            "sluice_tiered_granted_tokens",
+            "Tokens granted to edges in allotments (as an owner)",
+            self.tiered_granted_tokens.clone(),
+        );
+        registry.register(
+            "sluice_tiered_allotment_tokens",
+            "Tokens this node holds in unexpired allotments (as an edge)",
+            self.tiered_held.clone(),
+        );
+        registry.register(
+            "sluice_tiered_outstanding_tokens",
+            "Tokens promised to edges and not yet reported (as an owner)",
+            self.tiered_reserved.clone(),
         );
         registry.register(
             "sluice_peer_rpcs",

@@ -61,6 +61,7 @@ pub fn decision_to_wire(d: &Decision, owner: &str, approximate: bool) -> pb::Dec
         delay_ns: d.delay,
         owner: owner.to_string(),
         approximate,
+        grant: None,
     }
 }
 

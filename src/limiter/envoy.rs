@@ -99,6 +99,7 @@ impl Limiter {
                 request: Request::hits(d.hits.unwrap_or(hits)),
                 unbatched: false,
                 on_owner_unreachable: None,
+                mode: None,
             }));
         }
         let mut verdicts = self.check_batch(checks).await.into_iter();

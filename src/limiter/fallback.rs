@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{Absorb, Limiter, Reason, ReportOutcome, Resolved, Topology, Verdict};
+use super::{Absorb, Limiter, Path, Reason, ReportOutcome, Resolved, Topology, Verdict};
 use crate::algorithm::{self, Decision};
 use crate::cluster;
 use crate::lease::Report;
@@ -22,8 +22,20 @@ impl Limiter {
     /// Forward to `owner`, following at most one redirect; fall back when
     /// no owner answers.
     pub(super) async fn forward(&self, r: &Resolved<'_>, owner: Arc<str>, t: &Topology) -> Verdict {
+        self.forward_asking(r, owner, t, None).await.0
+    }
+
+    /// [`Limiter::forward`], with a tiered-mode ask: the owner's answer may
+    /// carry a grant, `(amount, ttl)`.
+    pub(super) async fn forward_asking(
+        &self,
+        r: &Resolved<'_>,
+        owner: Arc<str>,
+        t: &Topology,
+        ask: Option<pb::TieredAsk>,
+    ) -> (Verdict, Option<(u64, u64)>) {
         let Some(peers) = &self.shared.peers else {
-            return self.decide_here(r, t);
+            return (self.decide_here(r, t), None);
         };
         let deadline = self
             .now()
@@ -37,6 +49,7 @@ impl Limiter {
             nodelay: r.check.request.nodelay,
             redirected: false,
             deadline_ns: deadline,
+            tiered: ask,
         };
         let mut target = owner;
         for _ in 0..2 {
@@ -51,12 +64,14 @@ impl Limiter {
                             key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
                                 self.shared.leases.observe(k, &r.spec, &decision, now)
                             });
-                            return self.verdict(
+                            let grant = d.grant.map(|g| (g.amount, g.ttl_ns));
+                            let verdict = self.verdict(
                                 r,
                                 decision,
                                 Arc::from(d.owner.as_str()),
                                 d.approximate,
                             );
+                            return (verdict, grant);
                         }
                         Err(e) => {
                             tracing::warn!(peer = %target, error = %e, "malformed decision from a peer");
@@ -67,7 +82,7 @@ impl Limiter {
                 Ok(Some(pb::forward_result::Result::Redirect(to))) if !item.redirected => {
                     if *to.node_id == *self.shared.node_id {
                         // The owner's ring says this node owns the key.
-                        return self.decide_here_pulling(r, t).await;
+                        return (self.decide_here_pulling(r, t).await, None);
                     }
                     item.redirected = true;
                     target = Arc::from(to.node_id.as_str());
@@ -82,7 +97,7 @@ impl Limiter {
                 }
             }
         }
-        self.fallback(r, t, false)
+        (self.fallback(r, t, false), None)
     }
 
     /// Decide without the owner, as the key's `on_owner_unreachable` says.
@@ -105,7 +120,9 @@ impl Limiter {
                     retry_after: None,
                     delay: 0,
                 };
-                self.verdict(r, decision, self.self_id(), true)
+                let mut v = self.verdict(r, decision, self.self_id(), true);
+                v.path = Path::Fallback;
+                v
             }
             OnOwnerUnreachable::LocalShare => {
                 metrics.cluster.fallback("lease");
@@ -128,7 +145,9 @@ impl Limiter {
                     }
                     leases.decide(k, &r.spec, r.check.request, t.size, now)
                 });
-                self.verdict(r, decision, self.self_id(), true)
+                let mut v = self.verdict(r, decision, self.self_id(), true);
+                v.path = Path::Fallback;
+                v
             }
         }
     }
@@ -152,6 +171,7 @@ impl Limiter {
             owner: self.self_id(),
             label: r.label.clone(),
             window: super::period_ns(&r.spec),
+            path: Path::Fallback,
         }
     }
 
@@ -159,6 +179,11 @@ impl Limiter {
     /// (absorbing its own keys here). Unacknowledged reports are resent
     /// unchanged next time; returns how many were acknowledged.
     pub async fn flush_reports(&self) -> usize {
+        let (held, reserved) = self.shared.tiers.figures(self.now());
+        let m = &self.shared.metrics.cluster;
+        m.tiered_held.set(i64::try_from(held).unwrap_or(i64::MAX));
+        m.tiered_reserved
+            .set(i64::try_from(reserved).unwrap_or(i64::MAX));
         let leases = &self.shared.leases;
         let reports = leases.reports();
         let t = self.shared.topology.load_full();

@@ -128,6 +128,7 @@ impl Limiter {
             drain_over_limit: false,
             nodelay: false,
             redirected: true,
+            tiered: None,
             deadline_ns: deadline,
         };
         let answer = match peers.forward(node, item, true).await {
@@ -193,7 +194,7 @@ impl Limiter {
     }
 
     /// Decide a key this node owns, in its store.
-    fn decide_owned(
+    pub(super) fn decide_owned(
         &self,
         k: &[u8],
         spec: &Spec,
@@ -258,6 +259,7 @@ impl Limiter {
         spec: &Spec,
         redirected: bool,
         deadline: Nanos,
+        ask: Option<&super::Ask>,
     ) -> Forwarded {
         let now = self.now();
         if deadline < now {
@@ -284,12 +286,20 @@ impl Limiter {
             None => false,
         };
         let now = self.now();
-        let o = key::with_encoded(&check.name, &check.unique_key, |k| {
-            self.decide_owned(k, spec, check.request, &t, now, orphaned)
+        let (o, grant) = key::with_encoded(&check.name, &check.unique_key, |k| {
+            if check.mode == Some(super::Mode::Tiered) {
+                self.decide_reserving(k, spec, check.request, &t, now, orphaned, ask.ok_or(0))
+            } else {
+                (
+                    self.decide_owned(k, spec, check.request, &t, now, orphaned),
+                    None,
+                )
+            }
         });
         Forwarded::Decided {
             decision: o.decision,
             approximate: o.approximate,
+            grant,
         }
     }
 
@@ -332,6 +342,10 @@ impl Limiter {
         } else {
             ReportOutcome::Duplicate
         };
+        if applied {
+            // Reported hits of a tiered allotment are no longer promised.
+            self.shared.tiers.reported(k, r.edge, r.hits);
+        }
         let label = if applied { "applied" } else { "duplicate" };
         self.shared
             .metrics

@@ -25,6 +25,57 @@ pub struct Check {
     pub unbatched: bool,
     /// Overrides the policy's choice when the owner is unreachable.
     pub on_owner_unreachable: Option<OnOwnerUnreachable>,
+    /// Overrides the policy's mode.
+    pub mode: Option<Mode>,
+}
+
+/// How a clustered node decides a key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// Every decision by the key's owner.
+    #[default]
+    Exact,
+    /// Hot keys: spend an allotment from the owner locally (`crate::tiered`).
+    Tiered,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Exact => "exact",
+            Mode::Tiered => "tiered",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Mode> {
+        [Mode::Exact, Mode::Tiered]
+            .into_iter()
+            .find(|m| m.name() == name)
+    }
+}
+
+/// Which path decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// The key's owner, here or by a forward.
+    Owner,
+    /// Tiered mode: this node's allotment, no hop.
+    LocalAllotment,
+    /// Tiered mode: the allotment ran out; the owner decided and granted.
+    Slow,
+    /// The owner could not be reached: the fallback.
+    Fallback,
+}
+
+impl Path {
+    pub fn name(self) -> &'static str {
+        match self {
+            Path::Owner => "owner",
+            Path::LocalAllotment => "local_allotment",
+            Path::Slow => "slow",
+            Path::Fallback => "fallback",
+        }
+    }
 }
 
 /// What an owner does with a forwarded item.
@@ -34,6 +85,8 @@ pub enum Forwarded {
     Decided {
         decision: Decision,
         approximate: bool,
+        /// Tiered mode: the asking edge's next allotment, `(amount, ttl)`.
+        grant: Option<(u64, crate::algorithm::Nanos)>,
     },
     /// Not the owner by this node's ring: this node is.
     Redirect(Arc<str>),
@@ -114,6 +167,8 @@ pub struct Verdict {
     pub label: Arc<str>,
     /// The limit's period in ns (a calendar window: its nominal length).
     pub window: crate::algorithm::Nanos,
+    /// Which path decided.
+    pub path: Path,
 }
 
 /// A request that could not be decided, naming the field at fault.

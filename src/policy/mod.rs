@@ -21,6 +21,8 @@ pub struct Policy {
     /// Decide and count, but always allow.
     pub shadow: bool,
     pub on_owner_unreachable: OnOwnerUnreachable,
+    /// exact (default) or tiered (hot keys: local allotments).
+    pub mode: crate::limiter::Mode,
 }
 
 /// What an edge answers when a key's owner cannot be reached.
@@ -144,10 +146,16 @@ fn parse(name: &str, p: &PolicyConfig, bounds: &Bounds) -> Result<Policy, (&'sta
             )
         })?,
     };
+    let mode = match &p.mode {
+        None => crate::limiter::Mode::default(),
+        Some(m) => crate::limiter::Mode::from_name(m)
+            .ok_or_else(|| ("mode", format!("unknown mode {m:?}; one of exact, tiered")))?,
+    };
     Ok(Policy {
         name: Arc::from(name),
         spec,
         shadow: p.shadow,
         on_owner_unreachable,
+        mode,
     })
 }

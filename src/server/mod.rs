@@ -135,6 +135,18 @@ impl Node {
             settings: ClusterSettings {
                 ownership_grace: cluster.ownership_grace.as_nanos() as u64,
                 protocol: cluster.peer_protocol,
+                tiered: crate::tiered::Terms {
+                    ttl: cluster.tiered_allotment_ttl.as_nanos() as u64,
+                    // Reports of an allotment's last hits may take a few
+                    // report rounds to arrive: keep it reserved that long.
+                    grace: (cluster.report_interval * 3 + cluster.forward_timeout).as_nanos()
+                        as u64,
+                    max_edges: 1_024,
+                    memory: (cluster.tiered_allotment_ttl * 8)
+                        .max(Duration::from_secs(1))
+                        .as_nanos() as u64,
+                },
+                tiered_max_keys: cluster.lease_max_keys,
             },
             bounds: Bounds {
                 max_log_entries: config.limits.max_log_entries,

@@ -6,7 +6,7 @@ use tonic::{Request, Response, Status};
 use crate::algorithm::{Bounds, Request as Cost};
 use crate::cluster::auth::{Secret, TOKEN_HEADER};
 use crate::cluster::wire;
-use crate::limiter::{Absorb, Check, Forwarded, LimitRef, Limiter, ReportOutcome};
+use crate::limiter::{Absorb, Ask, Check, Forwarded, LimitRef, Limiter, Mode, ReportOutcome};
 use crate::proto::PEER_PROTOCOL_VERSION;
 use crate::proto::peer as pb;
 use crate::proto::peer::peer_server::Peer;
@@ -45,7 +45,7 @@ impl PeerService {
         Ok(())
     }
 
-    async fn answer(&self, item: &pb::ForwardItem) -> pb::forward_result::Result {
+    async fn answer(&self, item: &pb::ForwardItem, from: &str) -> pb::forward_result::Result {
         use pb::forward_result::Result as R;
         let spec = match item
             .limit
@@ -70,20 +70,33 @@ impl PeerService {
             },
             unbatched: false,
             on_owner_unreachable: None,
+            mode: item.tiered.is_some().then_some(Mode::Tiered),
         };
+        let ask = item.tiered.as_ref().map(|a| Ask {
+            edge: from.to_string(),
+            demand: a.demand,
+            unused: a.unused,
+        });
         match self
             .limiter
-            .decide_forwarded(&check, &spec, item.redirected, item.deadline_ns)
+            .decide_forwarded(
+                &check,
+                &spec,
+                item.redirected,
+                item.deadline_ns,
+                ask.as_ref(),
+            )
             .await
         {
             Forwarded::Decided {
                 decision,
                 approximate,
-            } => R::Decision(wire::decision_to_wire(
-                &decision,
-                self.limiter.node_id(),
-                approximate,
-            )),
+                grant,
+            } => {
+                let mut d = wire::decision_to_wire(&decision, self.limiter.node_id(), approximate);
+                d.grant = grant.map(|(amount, ttl_ns)| pb::Grant { amount, ttl_ns });
+                R::Decision(d)
+            }
             Forwarded::Redirect(node_id) => R::Redirect(pb::Redirect {
                 node_id: node_id.to_string(),
             }),
@@ -161,7 +174,7 @@ impl Peer for PeerService {
         let mut results = Vec::with_capacity(r.items.len());
         for item in &r.items {
             results.push(pb::ForwardResult {
-                result: Some(self.answer(item).await),
+                result: Some(self.answer(item, &r.from_node).await),
             });
         }
         Ok(Response::new(pb::ForwardResponse {

@@ -4,7 +4,7 @@
 
 use crate::algorithm::{Algorithm, Bounds, CalendarUnit, Nanos, Period, Request, Spec};
 use crate::config::Limits;
-use crate::limiter::{Check, ItemError, LimitRef, Reason, Status, Verdict};
+use crate::limiter::{Check, ItemError, LimitRef, Mode, Path, Reason, Status, Verdict};
 use crate::policy::OnOwnerUnreachable;
 use crate::proto::v1 as pb;
 
@@ -61,6 +61,12 @@ pub fn check_from_wire(r: &pb::RateLimitRequest, limits: &Limits) -> Result<Chec
                     format!("unknown value {}", r.on_owner_unreachable),
                 ));
             }
+        },
+        mode: match pb::Mode::try_from(r.mode) {
+            Ok(pb::Mode::Unspecified) => None,
+            Ok(pb::Mode::Exact) => Some(Mode::Exact),
+            Ok(pb::Mode::Tiered) => Some(Mode::Tiered),
+            Err(_) => return Err(ItemError::new("mode", format!("unknown value {}", r.mode))),
         },
     })
 }
@@ -219,6 +225,12 @@ pub fn verdict_to_wire(v: &Verdict, now: Nanos) -> pb::RateLimitResponse {
         owner: v.owner.to_string(),
         window_ms: ms_up(v.window),
         reset_after_ms: ms_up(d.reset_at.saturating_sub(now)),
+        path: match v.path {
+            Path::Owner => pb::Path::Owner,
+            Path::LocalAllotment => pb::Path::LocalAllotment,
+            Path::Slow => pb::Path::Slow,
+            Path::Fallback => pb::Path::Fallback,
+        } as i32,
         ..Default::default()
     }
 }

@@ -258,3 +258,25 @@ pub fn free_port() -> u16 {
         }
     }
 }
+
+/// Move the nodes' fake clocks with real time (every millisecond) until the
+/// returned task is aborted: for tests whose subject measures rates.
+pub fn drive_clocks(nodes: &[TestNode]) -> tokio::task::JoinHandle<()> {
+    drive_clocks_since(nodes, Instant::now())
+}
+
+/// [`drive_clocks`] with the clocks at `BASE` at `start` (so a node added
+/// later joins the others' time, never behind it).
+pub fn drive_clocks_since(nodes: &[TestNode], start: Instant) -> tokio::task::JoinHandle<()> {
+    let clocks: Vec<Arc<FakeClock>> = nodes.iter().map(|n| n.clock.clone()).collect();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(1));
+        loop {
+            tick.tick().await;
+            let now = BASE + start.elapsed().as_nanos() as u64;
+            for c in &clocks {
+                c.set(now);
+            }
+        }
+    })
+}

@@ -69,6 +69,10 @@ pub struct BenchArgs {
     /// Ask owners to skip forward batching.
     #[arg(long)]
     skip_batching: bool,
+    /// exact (every decision by the key's owner) or tiered (local
+    /// allotments: the hot-key mode).
+    #[arg(long, default_value = "exact", value_parser = ["exact", "tiered"])]
+    mode: String,
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
@@ -161,6 +165,11 @@ impl Run {
                 duration_ms: Some(self.args.duration_ms),
                 algorithm: self.algorithm,
                 skip_batching: self.args.skip_batching,
+                mode: if self.args.mode == "tiered" {
+                    pb::Mode::Tiered
+                } else {
+                    pb::Mode::Exact
+                } as i32,
                 ..Default::default()
             })
             .collect();

@@ -1,0 +1,307 @@
+//! Tiered mode in the request path (the arithmetic is in `crate::tiered`).
+//!
+//! Edge: a tiered check on a key another node owns is first offered to this
+//! node's allotment — admitted with no hop while it lasts, the hits queued
+//! for the asynchronous report that the lease reports already use (batched,
+//! retried unchanged, absorbed once per sequence number). When the allotment
+//! cannot cover it, the check goes to the owner with an ask (the slow path):
+//! the owner decides it exactly and grants the next allotment.
+//!
+//! Owner: every tiered decision, its own callers' and edges' slow paths,
+//! leaves room for what edges were promised and have not reported
+//! (`reserved`), so the key's consumption plus its promises never exceed
+//! what the limit leaves.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::{Limiter, Path, Resolved, Topology, Verdict};
+use crate::algorithm::{self, Decision, Nanos, Request, Spec};
+use crate::store::{Outcome, key};
+use crate::tiered::{Allotments, Grant, Ledger, Local, Terms};
+
+/// A slow-path ask, as the owner receives it.
+#[derive(Clone, Debug)]
+pub struct Ask {
+    pub edge: String,
+    pub demand: u64,
+    pub unused: u64,
+}
+
+/// The tiered state of one node: its allotments as an edge, its ledgers as
+/// an owner. Both bounded.
+pub(super) struct Tiers {
+    /// std mutexes: held for a map lookup and some arithmetic, never across
+    /// an await.
+    allotments: Mutex<Allotments>,
+    ledgers: Mutex<HashMap<Arc<[u8]>, Ledger>>,
+    max_keys: usize,
+    pub(super) terms: Terms,
+}
+
+impl Tiers {
+    pub(super) fn new(max_keys: usize, terms: Terms) -> Tiers {
+        Tiers {
+            allotments: Mutex::new(Allotments::new(max_keys)),
+            ledgers: Mutex::new(HashMap::new()),
+            max_keys: max_keys.max(1),
+            terms,
+        }
+    }
+
+    fn allotments(&self) -> MutexGuard<'_, Allotments> {
+        self.allotments.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn ledgers(&self) -> MutexGuard<'_, HashMap<Arc<[u8]>, Ledger>> {
+        self.ledgers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Drop every allotment (the ring changed: their grantors may no longer
+    /// own their keys).
+    pub(super) fn forget_allotments(&self) {
+        self.allotments().forget();
+    }
+
+    /// Tokens this edge holds in allotments, and this owner has promised.
+    pub(super) fn figures(&self, now: Nanos) -> (u64, u64) {
+        let held = self.allotments().held(now);
+        let reserved = self.ledgers().values().fold(0u64, |sum, l| {
+            sum.saturating_add(l.reserved(now, &self.terms))
+        });
+        (held, reserved)
+    }
+
+    /// An edge's report was absorbed into the state: those hits are no
+    /// longer promised.
+    pub(super) fn reported(&self, key: &[u8], edge: &str, hits: u64) {
+        if let Some(l) = self.ledgers().get_mut(key) {
+            l.reported(edge, hits);
+        }
+    }
+}
+
+impl Limiter {
+    fn tiers(&self) -> &Tiers {
+        &self.shared.tiers
+    }
+
+    /// An edge's tiered check on a key `owner` owns: decided here from the
+    /// allotment, or the ask to send on the slow path.
+    pub(super) fn tiered_local(
+        &self,
+        r: &Resolved<'_>,
+        owner: Arc<str>,
+    ) -> Result<Verdict, (Arc<str>, crate::proto::peer::TieredAsk)> {
+        let now = self.now();
+        let hits = r.check.request.hits;
+        let local = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
+            let local = self.tiers().allotments().spend(k, hits, now);
+            if let Local::Admitted { .. } = local
+                && hits > 0
+            {
+                self.shared.leases.record(k, &r.spec, hits, now);
+            }
+            local
+        });
+        let m = &self.shared.metrics.cluster;
+        match local {
+            Local::Admitted { left } => {
+                m.tiered_decisions
+                    .get_or_create(&vec![("path", Path::LocalAllotment.name())])
+                    .inc();
+                let decision = Decision {
+                    reason: algorithm::Reason::WithinLimit,
+                    limit: r.spec.limit(),
+                    remaining: left,
+                    reset_at: now.saturating_add(super::period_ns(&r.spec)),
+                    retry_after: None,
+                    delay: 0,
+                };
+                // `remaining` is this node's allotment, not the key's.
+                let mut v = self.verdict(r, decision, owner, true);
+                v.path = Path::LocalAllotment;
+                Ok(v)
+            }
+            Local::Refused { retry_after } => {
+                m.tiered_decisions
+                    .get_or_create(&vec![("path", Path::LocalAllotment.name())])
+                    .inc();
+                let decision = Decision {
+                    reason: if hits > r.spec.capacity() {
+                        algorithm::Reason::CostExceedsCapacity
+                    } else {
+                        algorithm::Reason::LimitExceeded
+                    },
+                    limit: r.spec.limit(),
+                    remaining: 0,
+                    reset_at: now.saturating_add(super::period_ns(&r.spec)),
+                    retry_after: Some(retry_after),
+                    delay: 0,
+                };
+                let mut v = self.verdict(r, decision, owner, true);
+                v.path = Path::LocalAllotment;
+                Ok(v)
+            }
+            Local::Ask { demand, unused } => {
+                Err((owner, crate::proto::peer::TieredAsk { demand, unused }))
+            }
+        }
+    }
+
+    /// The slow path: the owner decides exactly and grants the next allotment.
+    pub(super) async fn tiered_slow(
+        &self,
+        r: &Resolved<'_>,
+        owner: Arc<str>,
+        t: &Topology,
+        ask: crate::proto::peer::TieredAsk,
+    ) -> Verdict {
+        let (mut v, grant) = self.forward_asking(r, owner, t, Some(ask)).await;
+        if let Some((amount, ttl)) = grant {
+            let now = self.now();
+            let grant = Grant {
+                amount,
+                expires: now.saturating_add(ttl),
+            };
+            key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
+                self.tiers().allotments().granted(k, grant, now)
+            });
+        }
+        if v.path == Path::Owner {
+            v.path = Path::Slow;
+        }
+        self.shared
+            .metrics
+            .cluster
+            .tiered_decisions
+            .get_or_create(&vec![("path", v.path.name())])
+            .inc();
+        v
+    }
+
+    /// A tiered check on a key this node owns. The owner is an edge of
+    /// itself — its callers spend its own allotment, granted by its own
+    /// ledger by the same rule — or it would see every refill first and
+    /// take it before any edge asked. What it spends goes into the state at
+    /// once (its "report" has no lag).
+    pub(super) fn tiered_here(&self, r: &Resolved<'_>, t: &Topology) -> Verdict {
+        let now = self.now();
+        let me = self.shared.node_id.clone();
+        let req = r.check.request;
+        let o = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
+            let local = self.tiers().allotments().spend(k, req.hits, now);
+            match local {
+                Local::Admitted { .. } => {
+                    let o = self.decide_owned(k, &r.spec, req, t, now, false);
+                    if o.decision.reason == algorithm::Reason::WithinLimit {
+                        self.tiers().reported(k, &me, req.hits);
+                    }
+                    o
+                }
+                Local::Refused { retry_after } => {
+                    let peek = Request { hits: 0, ..req };
+                    let mut o = self.decide_owned(k, &r.spec, peek, t, now, false);
+                    o.decision.reason = algorithm::Reason::LimitExceeded;
+                    o.decision.remaining = 0;
+                    o.decision.retry_after = Some(retry_after);
+                    o
+                }
+                Local::Ask { demand, unused } => {
+                    let ask = Ask {
+                        edge: me.to_string(),
+                        demand,
+                        unused,
+                    };
+                    let (o, grant) =
+                        self.decide_reserving(k, &r.spec, req, t, now, false, Ok(&ask));
+                    if let Some((amount, ttl)) = grant {
+                        let grant = Grant {
+                            amount,
+                            expires: now.saturating_add(ttl),
+                        };
+                        self.tiers().allotments().granted(k, grant, now);
+                    }
+                    o
+                }
+            }
+        });
+        self.verdict(r, o.decision, me, o.approximate)
+    }
+
+    /// The owner's tiered decision: take back what the asking edge did not
+    /// spend, decide exactly within what the state leaves after the other
+    /// promises, then grant the edge its next allotment. The grant is
+    /// `(amount, ttl)`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn decide_reserving(
+        &self,
+        k: &[u8],
+        spec: &Spec,
+        req: Request,
+        t: &Topology,
+        now: Nanos,
+        orphaned: bool,
+        asker: Result<&Ask, u64>,
+    ) -> (Outcome, Option<(u64, Nanos)>) {
+        let ask = asker.ok();
+        let tiers = self.tiers();
+        let terms = tiers.terms;
+        let mut ledgers = tiers.ledgers();
+        if !ledgers.contains_key(k) && ledgers.len() >= tiers.max_keys {
+            ledgers.retain(|_, l| {
+                l.release_expired(now, &terms);
+                l.holders(now) > 0 || l.reserved(now, &terms) > 0
+            });
+        }
+        let room = ledgers.contains_key(k) || ledgers.len() < tiers.max_keys;
+        let ledger = ledgers.entry(Arc::from(k)).or_default();
+        match asker {
+            Ok(ask) => ledger.give_back(&ask.edge, ask.unused),
+            // The owner's own callers: their demand counts in the shares.
+            Err(demand) => ledger.note(&self.shared.node_id, demand, now, &terms),
+        }
+        let reserved = ledger.reserved(now, &terms);
+        let peek = Request {
+            hits: 0,
+            drain_over_limit: false,
+            nodelay: true,
+        };
+        let seen = self.decide_owned(k, spec, peek, t, now, orphaned);
+        let outcome = if req.hits > 0 && seen.decision.remaining < req.hits.saturating_add(reserved)
+        {
+            // Within the limit, but not within what the promises leave.
+            let mut refused = seen;
+            refused.decision.reason = if req.hits > spec.capacity() {
+                algorithm::Reason::CostExceedsCapacity
+            } else {
+                algorithm::Reason::LimitExceeded
+            };
+            refused.decision.retry_after = None;
+            refused
+        } else {
+            self.decide_owned(k, spec, req, t, now, orphaned)
+        };
+        let grant = match ask {
+            Some(ask) if room => {
+                let g = ledger.grant(
+                    &ask.edge,
+                    ask.demand,
+                    outcome.decision.remaining,
+                    t.size.max(1),
+                    now,
+                    &terms,
+                );
+                let m = &self.shared.metrics.cluster;
+                m.tiered_grants.inc();
+                m.tiered_granted_tokens.inc_by(g.amount);
+                Some((g.amount, g.expires.saturating_sub(now)))
+            }
+            _ => None,
+        };
+        if !room {
+            ledgers.remove(k);
+        }
+        (outcome, grant)
+    }
+}
