@@ -218,6 +218,9 @@ struct Allotment {
     /// The owner had nothing to grant: refuse here until then rather than
     /// send every refusal of an exhausted hot key across the network.
     empty_until: Nanos,
+    /// The last grant's size, and whether its running low was signalled.
+    last_grant: u64,
+    low_signalled: bool,
     /// Hits seen in the current second, and the rate of the last full one.
     window_start: Nanos,
     window_hits: u64,
@@ -258,7 +261,9 @@ impl Allotment {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Local {
     /// Admitted from the allotment, no hop; this many tokens are left.
-    Admitted { left: u64 },
+    /// `low`: the allotment just fell below a quarter of its grant (report
+    /// what was spent now, not at the next interval).
+    Admitted { left: u64, low: bool },
     /// Refused here: the owner had nothing to grant a moment ago; ask again
     /// after this long.
     Refused { retry_after: Nanos },
@@ -298,6 +303,8 @@ impl Allotments {
             tokens: 0,
             expires: now,
             empty_until: 0,
+            last_grant: 0,
+            low_signalled: false,
             window_start: now,
             window_hits: 0,
             rate: 0,
@@ -305,7 +312,12 @@ impl Allotments {
         a.see(hits, now);
         if now < a.expires && a.tokens >= hits {
             a.tokens -= hits;
-            return Local::Admitted { left: a.tokens };
+            let low = !a.low_signalled && a.tokens.saturating_mul(4) < a.last_grant;
+            a.low_signalled |= low;
+            return Local::Admitted {
+                left: a.tokens,
+                low,
+            };
         }
         if now < a.empty_until {
             return Local::Refused {
@@ -331,6 +343,8 @@ impl Allotments {
             tokens: 0,
             expires: now,
             empty_until: 0,
+            last_grant: 0,
+            low_signalled: false,
             window_start: now,
             window_hits: 0,
             rate: 0,
@@ -357,6 +371,8 @@ impl Allotments {
                 return;
             }
             a.empty_until = 0;
+            a.last_grant = grant.amount;
+            a.low_signalled = false;
             a.tokens = a.tokens.saturating_add(grant.amount);
             a.expires = a.expires.max(grant.expires);
         }
@@ -467,12 +483,27 @@ mod tests {
         a.granted(
             b"k",
             Grant {
-                amount: 3,
+                amount: 8,
                 expires: 100 * MS,
             },
             0,
         );
-        assert_eq!(a.spend(b"k", 2, MS), Local::Admitted { left: 1 });
+        assert_eq!(
+            a.spend(b"k", 5, MS),
+            Local::Admitted {
+                left: 3,
+                low: false
+            }
+        );
+        // Below a quarter of the grant: signalled once (report soon).
+        assert_eq!(a.spend(b"k", 2, MS), Local::Admitted { left: 1, low: true });
+        assert_eq!(
+            a.spend(b"k", 0, MS),
+            Local::Admitted {
+                left: 1,
+                low: false
+            }
+        );
         assert_eq!(a.held(MS), 1);
         // Not enough for 2: ask, giving back the 1 left.
         assert!(matches!(

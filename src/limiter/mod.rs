@@ -242,6 +242,12 @@ impl Limiter {
         &self.shared.store
     }
 
+    /// Notified when reports should go before the next interval (a
+    /// tiered allotment runs low).
+    pub fn report_soon(&self) -> Arc<tokio::sync::Notify> {
+        self.shared.tiers.report_soon.clone()
+    }
+
     pub fn leases(&self) -> &Leases {
         &self.shared.leases
     }

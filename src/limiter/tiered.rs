@@ -37,6 +37,8 @@ pub(super) struct Tiers {
     ledgers: Mutex<HashMap<Arc<[u8]>, Ledger>>,
     max_keys: usize,
     pub(super) terms: Terms,
+    /// Wakes the reporter before its interval: an allotment runs low.
+    pub(super) report_soon: Arc<tokio::sync::Notify>,
 }
 
 impl Tiers {
@@ -46,6 +48,7 @@ impl Tiers {
             ledgers: Mutex::new(HashMap::new()),
             max_keys: max_keys.max(1),
             terms,
+            report_soon: Arc::new(tokio::sync::Notify::new()),
         }
     }
 
@@ -97,16 +100,21 @@ impl Limiter {
         let hits = r.check.request.hits;
         let local = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
             let local = self.tiers().allotments().spend(k, hits, now);
-            if let Local::Admitted { .. } = local
+            if let Local::Admitted { low, .. } = local
                 && hits > 0
             {
                 self.shared.leases.record(k, &r.spec, hits, now);
+                if low {
+                    // Report soon: the owner counts these before this
+                    // node asks for more.
+                    self.tiers().report_soon.notify_one();
+                }
             }
             local
         });
         let m = &self.shared.metrics.cluster;
         match local {
-            Local::Admitted { left } => {
+            Local::Admitted { left, .. } => {
                 m.tiered_decisions
                     .get_or_create(&vec![("path", Path::LocalAllotment.name())])
                     .inc();

@@ -229,16 +229,10 @@ impl Node {
                 }
             },
         ));
-        let reporter = limiter.clone();
-        tasks.spawn(every(
+        tasks.spawn(report(
+            limiter.clone(),
             cluster.report_interval,
             shutdown.clone(),
-            move || {
-                let reporter = reporter.clone();
-                async move {
-                    reporter.flush_reports().await;
-                }
-            },
         ));
 
         let bounds = Bounds {
@@ -454,6 +448,26 @@ where
         tokio::select! {
             _ = token.cancelled() => return,
             _ = tick.tick() => work().await,
+        }
+    }
+}
+
+/// Send lease and allotment reports every `interval`, or sooner when an
+/// allotment runs low — but never more often than a fifth of the interval.
+async fn report(limiter: Limiter, interval: Duration, token: CancellationToken) {
+    let soon = limiter.report_soon();
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tick.tick() => {}
+            _ = soon.notified() => {}
+        }
+        limiter.flush_reports().await;
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tokio::time::sleep(interval / 5) => {}
         }
     }
 }
