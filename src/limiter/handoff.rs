@@ -55,6 +55,7 @@ impl Limiter {
         keys.iter()
             .map(|(name, unique_key)| {
                 let k = key::encode(name, unique_key);
+                self.fold_promises(&k);
                 let s = self.shared.store.pull(&k, by.clone(), until)?;
                 wire::snapshot_to_wire(&k, &s)
             })
@@ -146,6 +147,7 @@ impl Limiter {
             return Handoff::default();
         }
         let deadline = Instant::now() + within;
+        self.fold_promises_unless(|_| false);
         let t = self.shared.topology.load_full();
         let mut by_owner: HashMap<Arc<str>, Vec<pb::KeyState>> = HashMap::new();
         let mut report = Handoff::default();

@@ -169,6 +169,10 @@ impl Limiter {
             peers.sync(&view.ring, &view.live());
         }
         if changed {
+            // Keys this node no longer owns go to their new owner with
+            // what it promised counted (see `fold_promises`).
+            let me = self.shared.node_id.clone();
+            self.fold_promises_unless(|k| view.ring.owner(k).is_none_or(|o| o.node_id == me));
             // Allotments are promises of the owner that granted them; a
             // key that moves arrives at its new owner without them (its
             // state travels, its promises do not). Stop spending them: what

@@ -89,6 +89,50 @@ impl Limiter {
         &self.shared.tiers
     }
 
+    /// A key is leaving this owner (a new owner pulls it): its state
+    /// travels, its ledger does not, so count what it promised edges and has
+    /// not heard about as consumed. The edges' reports of those hits, when
+    /// they reach the new owner, count again: an under-count of at most the
+    /// promises, once per move, rather than the new owner granting them a
+    /// second time (a scale-out test measured +9% over without this).
+    /// Fold the promises of every key with a ledger that `keep` rejects
+    /// (the ring changed and this node no longer owns it; or this node is
+    /// leaving): done before the replicator hands the key off.
+    pub(super) fn fold_promises_unless(&self, keep: impl Fn(&[u8]) -> bool) {
+        let keys: Vec<Arc<[u8]>> = self
+            .tiers()
+            .ledgers()
+            .keys()
+            .filter(|k| !keep(k))
+            .cloned()
+            .collect();
+        for k in keys {
+            self.fold_promises(&k);
+        }
+    }
+
+    pub(super) fn fold_promises(&self, k: &[u8]) {
+        let now = self.now();
+        let terms = self.tiers().terms;
+        let reserved = match self.tiers().ledgers().remove(k) {
+            Some(l) => l.reserved(now, &terms),
+            None => return,
+        };
+        if reserved == 0 {
+            return;
+        }
+        let Some(view) = self.shared.store.inspect(k, now) else {
+            return;
+        };
+        self.shared.store.absorb_report(
+            k,
+            &view.spec,
+            ("(tiered promises)", now, reserved, now),
+            crate::store::Seed::Fresh,
+            0,
+        );
+    }
+
     /// An edge's tiered check on a key `owner` owns: decided here from the
     /// allotment, or the ask to send on the slow path.
     pub(super) fn tiered_local(
