@@ -85,25 +85,6 @@ impl Ledger {
             .fold(0u64, |sum, s| sum.saturating_add(s.outstanding))
     }
 
-    /// The owner's own callers' demand for this key (they decide here,
-    /// exactly, out of what the grants leave): it counts in edges' shares.
-    pub fn note(&mut self, node: &str, demand: u64, now: Nanos, terms: &Terms) {
-        if let Some(s) = self.edges.get_mut(node) {
-            s.demand = demand;
-            s.seen = now;
-        } else if self.edges.len() < terms.max_edges {
-            self.edges.insert(
-                Arc::from(node),
-                Standing {
-                    outstanding: 0,
-                    demand,
-                    expires: now,
-                    seen: now,
-                },
-            );
-        }
-    }
-
     /// Edges holding an unexpired allotment.
     pub fn holders(&self, now: Nanos) -> usize {
         self.edges.values().filter(|s| s.expires > now).count()
@@ -228,6 +209,20 @@ struct Allotment {
 }
 
 impl Allotment {
+    /// Nothing to spend, no demand seen yet.
+    fn empty(now: Nanos) -> Allotment {
+        Allotment {
+            tokens: 0,
+            expires: now,
+            empty_until: 0,
+            last_grant: 0,
+            low_signalled: false,
+            window_start: now,
+            window_hits: 0,
+            rate: 0,
+        }
+    }
+
     /// Count `hits` of demand (admitted here or not) at `now`.
     fn see(&mut self, hits: u64, now: Nanos) {
         let second = NANOS_PER_SEC as u64;
@@ -299,16 +294,10 @@ impl Allotments {
                 unused: 0,
             };
         }
-        let a = self.keys.entry(Arc::from(key)).or_insert(Allotment {
-            tokens: 0,
-            expires: now,
-            empty_until: 0,
-            last_grant: 0,
-            low_signalled: false,
-            window_start: now,
-            window_hits: 0,
-            rate: 0,
-        });
+        let a = self
+            .keys
+            .entry(Arc::from(key))
+            .or_insert_with(|| Allotment::empty(now));
         a.see(hits, now);
         if now < a.expires && a.tokens >= hits {
             a.tokens -= hits;
@@ -331,26 +320,6 @@ impl Allotments {
             demand: a.demand(now),
             unused,
         }
-    }
-
-    /// Count `hits` of demand for a key decided elsewhere (the owner's own
-    /// callers); its demand, hits per second.
-    pub fn meter(&mut self, key: &[u8], hits: u64, now: Nanos) -> u64 {
-        if !self.keys.contains_key(key) && self.keys.len() >= self.max_keys {
-            return 0;
-        }
-        let a = self.keys.entry(Arc::from(key)).or_insert(Allotment {
-            tokens: 0,
-            expires: now,
-            empty_until: 0,
-            last_grant: 0,
-            low_signalled: false,
-            window_start: now,
-            window_hits: 0,
-            rate: 0,
-        });
-        a.see(hits, now);
-        a.demand(now)
     }
 
     /// The owner's answer to an ask: the next allotment. Several asks for

@@ -288,7 +288,7 @@ impl Limiter {
         let now = self.now();
         let (o, grant) = key::with_encoded(&check.name, &check.unique_key, |k| {
             if check.mode == Some(super::Mode::Tiered) {
-                self.decide_reserving(k, spec, check.request, &t, now, orphaned, ask.ok_or(0))
+                self.decide_reserving(k, spec, check.request, &t, now, orphaned, ask)
             } else {
                 (
                     self.decide_owned(k, spec, check.request, &t, now, orphaned),

@@ -266,7 +266,7 @@ impl Limiter {
                         unused,
                     };
                     let (o, grant) =
-                        self.decide_reserving(k, &r.spec, req, t, now, false, Ok(&ask));
+                        self.decide_reserving(k, &r.spec, req, t, now, false, Some(&ask));
                     if let Some((amount, ttl)) = grant {
                         let grant = Grant {
                             amount,
@@ -294,9 +294,8 @@ impl Limiter {
         t: &Topology,
         now: Nanos,
         orphaned: bool,
-        asker: Result<&Ask, u64>,
+        ask: Option<&Ask>,
     ) -> (Outcome, Option<(u64, Nanos)>) {
-        let ask = asker.ok();
         let tiers = self.tiers();
         let terms = tiers.terms;
         let mut ledgers = tiers.ledgers();
@@ -308,10 +307,8 @@ impl Limiter {
         }
         let room = ledgers.contains_key(k) || ledgers.len() < tiers.max_keys;
         let ledger = ledgers.entry(Arc::from(k)).or_default();
-        match asker {
-            Ok(ask) => ledger.give_back(&ask.edge, ask.unused),
-            // The owner's own callers: their demand counts in the shares.
-            Err(demand) => ledger.note(&self.shared.node_id, demand, now, &terms),
+        if let Some(ask) = ask {
+            ledger.give_back(&ask.edge, ask.unused);
         }
         let reserved = ledger.reserved(now, &terms);
         let peek = Request {
