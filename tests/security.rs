@@ -76,6 +76,20 @@ fn forward_request(
     req
 }
 
+/// A signed peer call over TLS: `Err` when the handshake or the call is refused.
+async fn peer_call(
+    addr: std::net::SocketAddr,
+    tls: ClientTlsConfig,
+    secret: &sluice::cluster::auth::Secret,
+) -> Result<(), String> {
+    let channel = tls_channel(addr, tls).await?;
+    PeerClient::new(channel)
+        .forward(forward_request(Some(secret)))
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
 fn peer_tls(ca: &Ca, leaf: &Leaf) -> PeerTls {
     PeerTls {
         ca_file: ca.ca_file.clone(),
@@ -136,33 +150,22 @@ async fn peers_need_a_certificate_from_the_cluster_ca() {
     let peer_addr = nodes[1].peer_addr.expect("a peer listener");
     let secret = sluice::cluster::auth::Secret::new(Some(b"s3cret"));
     // No client certificate: the handshake fails, no call is read.
-    let no_cert = match tls_channel(peer_addr, client_tls(&cluster_ca, None, "sluice-peer")).await {
-        Err(e) => e,
-        Ok(ch) => PeerClient::new(ch)
-            .forward(forward_request(Some(&secret)))
-            .await
-            .map(|_| ())
-            .unwrap_err()
-            .to_string(),
-    };
-    assert!(!no_cert.is_empty());
+    let no_cert = peer_call(
+        peer_addr,
+        client_tls(&cluster_ca, None, "sluice-peer"),
+        &secret,
+    )
+    .await;
+    assert!(no_cert.is_err(), "no client certificate: refused");
     // An app's certificate (another CA): refused the same way.
     let app_leaf = app_ca.leaf("app", &["app"]);
-    let app_cert = match tls_channel(
+    let app_cert = peer_call(
         peer_addr,
         client_tls(&cluster_ca, Some(&app_leaf), "sluice-peer"),
+        &secret,
     )
-    .await
-    {
-        Err(e) => e,
-        Ok(ch) => PeerClient::new(ch)
-            .forward(forward_request(Some(&secret)))
-            .await
-            .map(|_| ())
-            .unwrap_err()
-            .to_string(),
-    };
-    assert!(!app_cert.is_empty());
+    .await;
+    assert!(app_cert.is_err(), "an app's certificate: refused");
     // The public listener does not serve the peer or admin APIs at all.
     let public = plain_channel(nodes[1].grpc_addr).await;
     let err = PeerClient::new(public.clone())

@@ -18,6 +18,14 @@ use sluice::proto::v1 as pb;
 const RATE: i64 = 200;
 const SECONDS: u64 = 4;
 
+/// The exact token bucket's admissions over `elapsed` (its burst once,
+/// then the rate: an upper bound when load paused), and the over-admission
+/// against it.
+fn against_exact(admitted: i64, elapsed: Duration) -> (f64, f64) {
+    let exact = RATE as f64 * (1.0 + elapsed.as_secs_f64());
+    (exact, admitted as f64 / exact - 1.0)
+}
+
 struct Run {
     /// Per node: offered, admitted.
     per_node: Vec<(i64, i64)>,
@@ -91,8 +99,7 @@ async fn run(weights: &[usize], label: &str) {
     clocks.abort();
     let admitted: i64 = per_node.iter().map(|p| p.1).sum();
     let offered: i64 = per_node.iter().map(|p| p.0).sum();
-    let exact = RATE as f64 * (1.0 + elapsed.as_secs_f64());
-    let over = admitted as f64 / exact - 1.0;
+    let (exact, over) = against_exact(admitted, elapsed);
     let demand_share = weights[0] as f64 / weights.iter().sum::<usize>() as f64;
     let admitted_share = per_node[0].1 as f64 / admitted.max(1) as f64;
     let local = paths[pb::Path::LocalAllotment as usize];
@@ -168,8 +175,7 @@ async fn the_owner_killed_mid_load_leaves_no_caller_unanswered() {
         .map(|p| p.1)
         .sum();
     let elapsed = before.elapsed + after.elapsed;
-    let exact = RATE as f64 * (1.0 + elapsed.as_secs_f64());
-    let over = admitted as f64 / exact - 1.0;
+    let (exact, over) = against_exact(admitted, elapsed);
     println!(
         "tiered, owner killed: admitted {admitted} of exact {exact:.0} in {elapsed:.2?} \
          (over-admission {:+.2}%); after the kill, paths: owner {}, local {}, slow {}, \
@@ -235,8 +241,7 @@ async fn scale_out_mid_load_keeps_the_bound() {
         .map(|p| p.1)
         .sum();
     let elapsed = origin.elapsed();
-    let exact = RATE as f64 * (1.0 + elapsed.as_secs_f64());
-    let over = admitted as f64 / exact - 1.0;
+    let (exact, over) = against_exact(admitted, elapsed);
     let local = after.paths[pb::Path::LocalAllotment as usize];
     println!(
         "tiered, scale-out 3 -> 4: admitted {admitted} of exact {exact:.0} in {elapsed:.2?} \
