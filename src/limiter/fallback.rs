@@ -19,7 +19,7 @@ use crate::proto::peer as pb;
 use crate::store::key;
 
 impl Limiter {
-    /// Forward to `owner`, following at most one redirect; fall back when
+    /// Forward to `owner`, following at most two redirects; fall back when
     /// no owner answers.
     pub(super) async fn forward(&self, r: &Resolved<'_>, owner: Arc<str>, t: &Topology) -> Verdict {
         self.forward_asking(r, owner, t, None).await.0
@@ -52,7 +52,9 @@ impl Limiter {
             tiered: ask,
         };
         let mut target = owner;
-        for _ in 0..2 {
+        // The owner, then at most two redirects: one where the owner's ring
+        // is newer than this one, one where a node pulled the key from it.
+        for _ in 0..3 {
             let result = peers
                 .forward(&target, item.clone(), r.check.unbatched)
                 .await;
@@ -79,7 +81,7 @@ impl Limiter {
                         }
                     }
                 }
-                Ok(Some(pb::forward_result::Result::Redirect(to))) if !item.redirected => {
+                Ok(Some(pb::forward_result::Result::Redirect(to))) => {
                     if *to.node_id == *self.shared.node_id {
                         // The owner's ring says this node owns the key.
                         return (self.decide_here_pulling(r, t).await, None);

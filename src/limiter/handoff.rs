@@ -105,7 +105,11 @@ impl Limiter {
                         sent += chunk.len();
                         let counter = match kind {
                             pb::SyncKind::Replica => &metrics.replicated,
-                            _ => &metrics.handed_off,
+                            _ => {
+                                // Its new owner counts on from here.
+                                self.shared.store.mark_copies(chunk.iter().map(|(k, _)| k));
+                                &metrics.handed_off
+                            }
                         };
                         counter.inc_by(chunk.len() as u64);
                     }

@@ -84,6 +84,18 @@ struct Topology {
     size: u64,
     /// Seeing fewer than a majority of `N`: every key on leases.
     minority: bool,
+    /// When this node entered the ring, while it is still joining (its
+    /// ring has only grown since, within the ownership grace period).
+    joined_at: Option<Nanos>,
+    /// Live members announcing `leaving` (a handful at most): they decide
+    /// nothing more, but can still be pulled from.
+    leaving: Vec<Arc<str>>,
+}
+
+impl Topology {
+    fn is_leaving(&self, node_id: &str) -> bool {
+        self.leaving.iter().any(|l| **l == *node_id)
+    }
 }
 
 #[derive(Clone)]
@@ -189,11 +201,30 @@ impl Limiter {
         self.shared
             .store
             .set_replicating(self.shared.settings.protocol >= 2 && has_peer);
+        let now = self.now();
+        // Still joining: this node entered the ring within the grace
+        // period, and since then its ring has only grown.
+        let grown = old
+            .ring
+            .members()
+            .iter()
+            .all(|m| view.ring.member(&m.node_id).is_some());
+        let joined_at = match old.joined_at {
+            _ if joined => Some(now),
+            Some(at) if grown && now.saturating_sub(at) < self.shared.settings.ownership_grace => {
+                Some(at)
+            }
+            _ => None,
+        };
         self.shared.topology.store(Arc::new(Topology {
             ring: view.ring.clone(),
-            previous: if changed && joined {
-                // This node just entered the ring: its keys were owned by
-                // the others, whatever its own previous view held.
+            previous: if changed && joined_at.is_some() {
+                // This node is joining: its keys were owned by the others,
+                // whatever its own earlier views held — a joiner's first
+                // rings can be partial (gossip brings members in one by
+                // one), and one that held this node would name it the
+                // previous owner of keys it never had (seen: keys started
+                // fresh at a new node).
                 Arc::new(Ring::new(
                     view.ring
                         .members()
@@ -206,9 +237,16 @@ impl Limiter {
             } else {
                 old.previous.clone()
             },
-            changed_at: if changed { self.now() } else { old.changed_at },
+            changed_at: if changed { now } else { old.changed_at },
+            joined_at,
             size,
             minority,
+            leaving: view
+                .members
+                .iter()
+                .filter(|m| m.state == crate::cluster::membership::Lifecycle::Leaving)
+                .map(|m| m.node_id.clone())
+                .collect(),
         }));
         self.shared
             .metrics
@@ -322,12 +360,10 @@ impl Limiter {
                     Some(owner) if owner.node_id != self.shared.node_id => {
                         Route::Forward(owner.node_id.clone())
                     }
-                    _ => match self.shared.store.moved_to(k, now) {
-                        Some(to) => Route::Forward(to),
-                        None => match self.pull_plan(k, &topology, now) {
-                            Some(plan) => Route::PullFirst(plan),
-                            None => Route::Here,
-                        },
+                    _ => match self.placement(k, &topology, now) {
+                        owner::Place::Moved(to) => Route::Forward(to),
+                        owner::Place::Pull(plan) => Route::PullFirst(plan),
+                        owner::Place::Here => Route::Here,
                     },
                 }
             });

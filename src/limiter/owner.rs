@@ -16,6 +16,16 @@ pub(super) struct PullPlan {
     from: Vec<Arc<str>>,
 }
 
+/// Where a key this node's ring says it owns is decided.
+pub(super) enum Place {
+    /// Here, on the count this node holds (or a fresh or seeded one).
+    Here,
+    /// Here, after pulling the key's current state.
+    Pull(PullPlan),
+    /// At the node that pulled the key from this one: its ring is newer.
+    Moved(Arc<str>),
+}
+
 impl Limiter {
     /// Whether deciding `k` here should first pull its state, and from
     /// whom: never for a key this node has state for; for a key another
@@ -39,8 +49,10 @@ impl Limiter {
         };
         let previous = ring.owner(k)?;
         // Last, as it is the one lookup in the store: the cheap questions
-        // above answer "no" for nearly every decision.
-        if previous.node_id == *me || self.shared.store.contains(k) {
+        // above answer "no" for nearly every decision. A replica, or a copy
+        // left here when the key moved away, is pulled over: the previous
+        // owner may have counted past it.
+        if previous.node_id == *me || self.shared.store.holds_own(k) {
             return None;
         }
         let from: Vec<Arc<str>> = [Some(previous), ring.successor(k)]
@@ -51,6 +63,30 @@ impl Limiter {
             .map(|m| m.node_id.clone())
             .collect();
         (!from.is_empty()).then_some(PullPlan { from })
+    }
+
+    /// Where to decide `k`, which this node's ring says it owns. If a node
+    /// pulled the key from here, the count is there: callers go to it —
+    /// unless it is leaving or gone (the key came back to this node), when
+    /// this node pulls the count back first. Otherwise as [`Self::pull_plan`]
+    /// says.
+    pub(super) fn placement(&self, k: &[u8], t: &Topology, now: Nanos) -> Place {
+        if let Some(to) = self.shared.store.moved_to(k, now) {
+            let live = self
+                .shared
+                .peers
+                .as_ref()
+                .is_some_and(|p| p.protocol(&to).is_some());
+            return if live && !t.is_leaving(&to) {
+                Place::Moved(to)
+            } else {
+                Place::Pull(PullPlan { from: vec![to] })
+            };
+        }
+        match self.pull_plan(k, t, now) {
+            Some(plan) => Place::Pull(plan),
+            None => Place::Here,
+        }
     }
 
     /// Pull `k`'s state from the plan's nodes, first answer wins: with the
@@ -227,14 +263,20 @@ impl Limiter {
         )
     }
 
-    /// Decide here, pulling the key's state first if it just moved here.
+    /// Decide here (the owner redirected the caller back to this node),
+    /// pulling the key's state first if it just moved here — or from the
+    /// node it moved to: the rings disagree, and the count comes here whole.
     pub(super) async fn decide_here_pulling(&self, r: &Resolved<'_>, t: &Topology) -> Verdict {
-        let plan = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
-            self.pull_plan(k, t, self.now())
+        let place = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
+            self.placement(k, t, self.now())
         });
-        match plan {
-            Some(plan) => self.pull_then_decide(r, plan, t).await,
-            None => self.decide_here(r, t),
+        match place {
+            Place::Pull(plan) => self.pull_then_decide(r, plan, t).await,
+            Place::Moved(to) => {
+                self.pull_then_decide(r, PullPlan { from: vec![to] }, t)
+                    .await
+            }
+            Place::Here => self.decide_here(r, t),
         }
     }
 
@@ -268,14 +310,29 @@ impl Limiter {
         }
         let t = self.shared.topology.load_full();
         let (redirect, plan) = key::with_encoded(&check.name, &check.unique_key, |k| {
-            let redirect = match t.ring.owner(k) {
-                _ if redirected => None,
-                Some(owner) if owner.node_id != self.shared.node_id => Some(owner.node_id.clone()),
-                // A new owner pulled the key while this ring still names
-                // this node: send the caller there.
-                _ => self.shared.store.moved_to(k, now),
-            };
-            (redirect, self.pull_plan(k, &t, now))
+            match t.ring.owner(k) {
+                // A leaving node decides nothing more (a peek changes
+                // nothing): its count is on its way to the new owner.
+                Some(owner)
+                    if owner.node_id != self.shared.node_id
+                        && (!redirected
+                            || (check.request.hits > 0 && t.is_leaving(&self.shared.node_id))) =>
+                {
+                    (Some(owner.node_id.clone()), None)
+                }
+                // Redirected here by a node whose ring names this one.
+                Some(owner) if owner.node_id != self.shared.node_id => {
+                    (None, self.pull_plan(k, &t, now))
+                }
+                _ => match self.placement(k, &t, now) {
+                    // A new owner pulled the key while this ring still names
+                    // this node: send the caller there, even a redirected
+                    // one (this node's count is a copy now).
+                    Place::Moved(to) => (Some(to), None),
+                    Place::Pull(plan) => (None, Some(plan)),
+                    Place::Here => (None, None),
+                },
+            }
         });
         if let Some(owner) = redirect {
             self.shared.metrics.cluster.redirects.inc();

@@ -345,13 +345,28 @@ impl Node {
             let wait = (cluster.gossip_interval * 10)
                 .clamp(Duration::from_secs(1), Duration::from_secs(5));
             let mut views = membership.watch();
-            let seen = tokio::time::timeout(
-                wait,
+            let deadline = tokio::time::Instant::now() + wait;
+            let seen = tokio::time::timeout_at(
+                deadline,
                 views.wait_for(|v| v.members.iter().any(|m| m.node_id != v.self_id)),
             )
-            .await;
-            if seen.is_err() {
+            .await
+            .is_ok();
+            if !seen {
                 tracing::info!(?wait, "no peer seen; starting as the first node");
+            } else {
+                // Gossip brings the other members in one by one: wait until
+                // the view holds still for a few rounds (bounded by the same
+                // deadline), or this node's first rings are partial and it
+                // would pull keys from nodes that never had them.
+                let quiet = cluster.gossip_interval * 3;
+                while tokio::time::Instant::now() < deadline {
+                    let until = deadline.min(tokio::time::Instant::now() + quiet);
+                    match tokio::time::timeout_at(until, views.changed()).await {
+                        Ok(Ok(())) => continue,
+                        _ => break,
+                    }
+                }
             }
         }
         membership.set_state(Lifecycle::Ready).await;

@@ -36,6 +36,12 @@ pub struct Entry {
     /// decides it but sends its callers there, so two owners never count
     /// one key apart while their rings disagree.
     moved: Option<(Arc<str>, Nanos)>,
+    /// A copy of a count kept elsewhere: a replica held for its owner, or
+    /// a key this node pulled away or handed off. Another node may have
+    /// counted past it, so if the key comes back to this node it pulls the
+    /// current state before deciding on it (a max-merge afterwards would
+    /// lose one side's increments). Cleared when this node counts as owner.
+    copy: bool,
 }
 
 /// A key's whole entry as it travels between nodes (replicas, handoff,
@@ -87,6 +93,7 @@ impl Entry {
             approximate_until: 0,
             queued: false,
             moved: None,
+            copy: false,
         }
     }
 
@@ -162,11 +169,31 @@ impl Entry {
     /// A new owner pulled this key: send its callers there until `until`.
     pub fn mark_moved(&mut self, to: Arc<str>, until: Nanos) {
         self.moved = Some((to, until));
+        self.copy = true;
     }
 
-    /// This node owns the key again (it was handed back).
-    pub fn clear_moved(&mut self) {
+    /// This node owns the key again (it was handed back or pulled here).
+    pub fn own(&mut self) {
         self.moved = None;
+        self.copy = false;
+    }
+
+    /// The count now lives elsewhere (see the `copy` field).
+    pub fn mark_copy(&mut self) {
+        self.copy = true;
+    }
+
+    /// This node counted on the key as its owner.
+    pub fn counted_here(&mut self) {
+        self.copy = false;
+    }
+
+    pub fn is_copy(&self) -> bool {
+        self.copy
+    }
+
+    pub fn is_queued(&self) -> bool {
+        self.queued
     }
 
     /// Mark as queued for replication; true if it was not already.
