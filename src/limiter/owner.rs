@@ -28,7 +28,8 @@ pub(super) enum Place {
 
 impl Limiter {
     /// Whether deciding `k` here should first pull its state, and from
-    /// whom: never for a key this node has state for; for a key another
+    /// whom: never for a key whose count this node holds as its owner (a
+    /// replica or a copy left behind does not count); for a key another
     /// node owns by this node's ring (it was redirected here by a node
     /// whose ring is newer), from that owner or its successor; within the
     /// grace period after a ring change, from the previous owner (or the
