@@ -310,6 +310,9 @@ impl Limiter {
         if let Some(ask) = ask {
             ledger.give_back(&ask.edge, ask.unused);
         }
+        // An ask sent before the edge heard "nothing": refused, as the edge
+        // itself refuses meanwhile.
+        let waiting = ask.is_some_and(|a| ledger.waiting(&a.edge, now));
         let reserved = ledger.reserved(now, &terms);
         let peek = Request {
             hits: 0,
@@ -317,7 +320,8 @@ impl Limiter {
             nodelay: true,
         };
         let seen = self.decide_owned(k, spec, peek, t, now, orphaned);
-        let outcome = if req.hits > 0 && seen.decision.remaining < req.hits.saturating_add(reserved)
+        let outcome = if req.hits > 0
+            && (waiting || seen.decision.remaining < req.hits.saturating_add(reserved))
         {
             // Within the limit, but not within what the promises leave.
             let mut refused = seen;
@@ -332,7 +336,7 @@ impl Limiter {
             self.decide_owned(k, spec, req, t, now, orphaned)
         };
         let grant = match ask {
-            Some(ask) if room => {
+            Some(ask) if room && !waiting => {
                 let g = ledger.grant(
                     &ask.edge,
                     ask.demand,
