@@ -49,10 +49,13 @@ struct Standing {
     empty_until: Nanos,
 }
 
-/// An edge told "nothing" waits an eighth of the allotment's life before
-/// it asks again (see [`Allotments::granted`]).
-fn empty_wait(terms: &Terms) -> Nanos {
-    terms.ttl / 8
+/// An edge told "nothing" waits an eighth of the allotment's `life` before
+/// it asks again: tokens refill and others give back what they did not
+/// spend, so look again soon (a quiet edge that waited long would find its
+/// share taken by the busy ones that ask at every request). The owner's
+/// ledger and the edge's allotment both keep this wait.
+fn empty_wait(life: Nanos) -> Nanos {
+    life / 8
 }
 
 /// What one grant decided.
@@ -198,7 +201,7 @@ impl Ledger {
         s.expires = expires;
         s.seen = now;
         if amount == 0 {
-            s.empty_until = now.saturating_add(empty_wait(terms));
+            s.empty_until = now.saturating_add(empty_wait(terms.ttl));
         }
         Grant { amount, expires }
     }
@@ -356,11 +359,7 @@ impl Allotments {
                 a.tokens = 0;
             }
             if grant.amount == 0 {
-                // An eighth of the allotment's life: tokens refill and
-                // others give back what they did not spend, so look again
-                // soon (a quiet edge that waited long would find its share
-                // taken by the busy ones that ask at every request).
-                a.empty_until = now.saturating_add(grant.expires.saturating_sub(now) / 8);
+                a.empty_until = now.saturating_add(empty_wait(grant.expires.saturating_sub(now)));
                 return;
             }
             a.empty_until = 0;

@@ -283,8 +283,9 @@ impl Limiter {
 
     /// The owner's tiered decision: take back what the asking edge did not
     /// spend, decide exactly within what the state leaves after the other
-    /// promises, then grant the edge its next allotment. The grant is
-    /// `(amount, ttl)`.
+    /// promises, then grant the edge its next allotment. An ask from an
+    /// edge just told "nothing" (sent before it heard) is refused without a
+    /// grant. The grant is `(amount, ttl)`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn decide_reserving(
         &self,
