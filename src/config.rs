@@ -135,22 +135,23 @@ pub struct ClusterConfig {
     /// Keys an edge remembers owners' answers for (lease seeds), and keys
     /// with unreported lease consumption.
     pub lease_max_keys: usize,
-    /// After a ring change, how long a new owner pulls a key's state from
-    /// its previous owner before deciding (and seeds keys whose previous
-    /// owner is gone from what it saw of them: never a full bucket).
-    #[serde(with = "humantime_serde_compat")]
-    pub ownership_grace: Duration,
+    /// Removed: ownership moves by a transfer that is known to be complete,
+    /// not for a time. Accepted (and ignored, with a warning) so an older
+    /// config still loads.
+    #[serde(skip_serializing)]
+    pub ownership_grace: Option<toml::Value>,
     /// How often changed keys are sent to their replica holder (the bound
     /// on replication lag, with the RPC's own time).
     #[serde(with = "humantime_serde_compat")]
     pub replicate_interval: Duration,
-    /// How long a leaving node waits for its handoff to be confirmed.
+    /// How long a leaving node waits for its new owners to take its keys
+    /// (and a new owner waits for a silent member before flagging it).
     #[serde(with = "humantime_serde_compat")]
     pub handoff_timeout: Duration,
-    /// The peer protocol to speak: 2 (this version), or 1 to play the
-    /// previous version in a mixed-version cluster (no replicas, handoff or
-    /// pulls).
-    pub peer_protocol: u32,
+    /// Removed (this build speaks protocol 3 and answers protocol 2).
+    /// Accepted and ignored, with a warning.
+    #[serde(skip_serializing)]
+    pub peer_protocol: Option<toml::Value>,
     /// Serve the peer and admin APIs on their own listener (required with
     /// `tls`); peers reach this node there. Default: on `grpc_addr`.
     pub peer_addr: Option<SocketAddr>,
@@ -189,10 +190,10 @@ impl Default for ClusterConfig {
             breaker_cooldown: Duration::from_secs(1),
             report_interval: Duration::from_millis(100),
             lease_max_keys: 100_000,
-            ownership_grace: Duration::from_secs(60),
+            ownership_grace: None,
             replicate_interval: Duration::from_millis(20),
             handoff_timeout: Duration::from_secs(5),
-            peer_protocol: crate::proto::PEER_PROTOCOL_VERSION,
+            peer_protocol: None,
             peer_addr: None,
             tls: None,
             token_window: crate::cluster::auth::TOKEN_WINDOW,
@@ -382,12 +383,16 @@ impl Config {
                 "cluster.secret: set secret or secret_file, not both".into(),
             ));
         }
-        if !(1..=crate::proto::PEER_PROTOCOL_VERSION).contains(&c.peer_protocol) {
-            return Err(ConfigError(format!(
-                "cluster.peer_protocol: 1 to {}, got {}",
-                crate::proto::PEER_PROTOCOL_VERSION,
-                c.peer_protocol
-            )));
+        for (field, set) in [
+            ("ownership_grace", c.ownership_grace.is_some()),
+            ("peer_protocol", c.peer_protocol.is_some()),
+        ] {
+            if set {
+                tracing::warn!(
+                    "cluster.{field} is no longer used (ownership moves by a transfer that is known to be complete; this build speaks peer protocol {}); ignored",
+                    crate::proto::PEER_PROTOCOL_VERSION
+                );
+            }
         }
         if c.replicate_interval.is_zero() {
             return Err(ConfigError(

@@ -36,11 +36,15 @@ pub struct Report {
     pub seq: u64,
     pub hits: u64,
     pub at: Nanos,
+    /// The key's reset generation these hits were spent under: an owner
+    /// drops spending from before a reset.
+    pub reset_gen: u64,
 }
 
 #[derive(Debug)]
 struct Pending {
     spec: Spec,
+    reset_gen: u64,
     /// Admitted since the report in flight was cut.
     unsent: u64,
     last_at: Nanos,
@@ -83,9 +87,21 @@ impl Leases {
         self.inner.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Remember an owner's authoritative answer for `key`.
-    pub fn observe(&self, key: &[u8], spec: &Spec, d: &Decision, now: Nanos) {
-        self.inner.seen.observe(key, spec, d.remaining, now);
+    /// Remember an owner's authoritative answer for `key` (under the key's
+    /// reset generation `reset_gen`). It is merged with what this edge
+    /// already spent on its lease and has not reported — the more consumed
+    /// wins — so unreported spending is never granted a second time.
+    pub fn observe(&self, key: &[u8], spec: &Spec, d: &Decision, reset_gen: u64, now: Nanos) {
+        self.inner
+            .seen
+            .observe(key, spec, d.remaining, reset_gen, now);
+    }
+
+    /// Forget what this edge knows of `key` and its unreported spending (an
+    /// admin reset: that spending was before it).
+    pub fn forget(&self, key: &[u8]) {
+        self.pending().remove(key);
+        self.inner.seen.remove(key);
     }
 
     /// The `remaining` the owner last told this edge, refilled since (and
@@ -116,11 +132,10 @@ impl Leases {
             },
             ..req
         };
-        let mut d = self
-            .inner
-            .seen
-            .decide_seeded(key, spec, scaled, now, Seed::Consumed(spec.capacity()), 0)
-            .decision;
+        let mut d =
+            self.inner
+                .seen
+                .decide_seeded(key, spec, scaled, now, Seed::Consumed(spec.capacity()));
         d.remaining /= n;
         if d.reason == Reason::CostExceedsCapacity && req.hits <= spec.capacity() {
             // Within the limit's capacity but not the lease's: a refusal
@@ -139,13 +154,20 @@ impl Leases {
     /// is bounded by the callers' admission checks; a key already queued
     /// always accumulates.
     pub fn record(&self, key: &[u8], spec: &Spec, hits: u64, now: Nanos) {
+        let reset_gen = self.inner.seen.reset_gen(key);
         let mut pending = self.pending();
         let p = pending.entry(Arc::from(key)).or_insert_with(|| Pending {
             spec: *spec,
+            reset_gen,
             unsent: 0,
             last_at: now,
             in_flight: None,
         });
+        if reset_gen > p.reset_gen {
+            // Spending from before a reset: the owner would drop it.
+            p.unsent = 0;
+            p.reset_gen = reset_gen;
+        }
         p.spec = *spec;
         p.unsent = p.unsent.saturating_add(hits);
         p.last_at = p.last_at.max(now);
@@ -165,6 +187,7 @@ impl Leases {
                         seq: self.inner.seq.fetch_add(1, Ordering::Relaxed) + 1,
                         hits: std::mem::take(&mut p.unsent),
                         at: p.last_at,
+                        reset_gen: p.reset_gen,
                     });
                 }
                 p.in_flight.clone()
@@ -232,7 +255,7 @@ mod tests {
             retry_after: None,
             delay: 0,
         };
-        l.observe(&k, &sp, &seen, 0);
+        l.observe(&k, &sp, &seen, 0, 0);
         assert_eq!(admitted(&l, &k, &sp, 3, 0, 20), 10);
         // It refills at rate/N: 90 per minute / 3 = 1 every 2 s.
         assert_eq!(admitted(&l, &k, &sp, 3, 2 * S, 5), 1);

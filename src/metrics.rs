@@ -172,8 +172,21 @@ pub struct ClusterMetrics {
     /// States handed to a key's new owner (leaving, or after the ring moved
     /// keys away).
     pub handed_off: Counter,
-    /// Pulls after a ring change, by result (state, none, peek, unreachable).
+    /// States taken by pulls during an ownership transfer, by result
+    /// (state; mismatch and unreachable count calls).
     pub pulls: Family<Vec<(&'static str, &'static str)>, Counter>,
+    /// Ownership transfer into this node: its view number, members by
+    /// standing (pending, done, unreachable, legacy), members silent past
+    /// `handoff_timeout`, whether every member is done, states received.
+    pub transfer_view: Gauge,
+    pub transfer_members: Family<Vec<(&'static str, &'static str)>, Gauge>,
+    pub transfer_stalled: Gauge,
+    pub transfer_complete: Gauge,
+    pub transfer_received: Counter,
+    /// States this node passed on to new owners (transfer pages).
+    pub transfer_sent: Counter,
+    /// Keys re-sent to a new replica holder after a ring change.
+    pub rereplicated: Counter,
     /// Live members by lifecycle state.
     pub members: Family<Vec<(&'static str, &'static str)>, Gauge>,
     /// The ring epoch (low 63 bits), to compare across nodes.
@@ -215,6 +228,13 @@ impl ClusterMetrics {
             replication_lag: Gauge::default(),
             handed_off: Counter::default(),
             pulls: Family::default(),
+            transfer_view: Gauge::default(),
+            transfer_members: Family::default(),
+            transfer_stalled: Gauge::default(),
+            transfer_complete: Gauge::default(),
+            transfer_received: Counter::default(),
+            transfer_sent: Counter::default(),
+            rereplicated: Counter::default(),
             members: Family::default(),
             ring_epoch: Gauge::default(),
             size: Gauge::default(),
@@ -256,6 +276,41 @@ impl ClusterMetrics {
             "sluice_cluster_members",
             "Live members by state",
             self.members.clone(),
+        );
+        registry.register(
+            "sluice_transfer_view",
+            "This node's number for its current view (one more per ring change)",
+            self.transfer_view.clone(),
+        );
+        registry.register(
+            "sluice_transfer_members",
+            "Members in this node's ownership transfer for its view, by standing",
+            self.transfer_members.clone(),
+        );
+        registry.register(
+            "sluice_transfer_stalled_members",
+            "Members that have not said done within handoff_timeout of the view",
+            self.transfer_stalled.clone(),
+        );
+        registry.register(
+            "sluice_transfer_complete",
+            "1 once every live member said done for this node's view",
+            self.transfer_complete.clone(),
+        );
+        registry.register(
+            "sluice_transfer_received_states",
+            "States received by this node in ownership transfers",
+            self.transfer_received.clone(),
+        );
+        registry.register(
+            "sluice_transfer_sent_states",
+            "States this node passed on to their new owners",
+            self.transfer_sent.clone(),
+        );
+        registry.register(
+            "sluice_rereplicated_keys",
+            "Keys re-sent to a new replica holder after a ring change",
+            self.rereplicated.clone(),
         );
         registry.register(
             "sluice_ring_epoch",

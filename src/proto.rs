@@ -43,9 +43,12 @@ pub mod envoy {
     }
 }
 
-/// The peer protocol version this build speaks: 2 adds `Sync` (replicas and
-/// handoff) and `Pull`. It answers peers one version apart.
-pub const PEER_PROTOCOL_VERSION: u32 = 2;
+/// The peer protocol version this build speaks: 2 added `Sync` (replicas
+/// and handoff) and `Pull`; 3 adds views to `Pull`, `Transfer` (ownership
+/// moves with a completion mark), `Reset` at the owner, relative forward
+/// budgets and reset generations in reports. It answers peers one version
+/// apart.
+pub const PEER_PROTOCOL_VERSION: u32 = 3;
 
 /// The encoded descriptors of the server's own protos (Envoy's RLS), served
 /// by gRPC reflection beside [`sluice_api::FILE_DESCRIPTOR_SET`].

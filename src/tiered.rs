@@ -378,6 +378,14 @@ impl Allotments {
         }
     }
 
+    /// Drop one key's allotment (an admin reset).
+    pub fn forget_key(&mut self, key: &[u8]) {
+        if let Some(a) = self.keys.get_mut(key) {
+            a.tokens = 0;
+            a.empty_until = 0;
+        }
+    }
+
     /// Tokens held in unexpired allotments (a gauge).
     pub fn held(&self, now: Nanos) -> u64 {
         self.keys

@@ -6,11 +6,9 @@
 //! roll-back, no double count, no undone reset), and every report the old
 //! owner applied is a duplicate at the new one.
 
-use std::sync::Arc;
-
 use proptest::prelude::*;
 use sluice::algorithm::{Algorithm, Period, Request, Spec};
-use sluice::store::{Seed, Store};
+use sluice::store::{Absorbed, Holding, Report, Store};
 
 const BASE: u64 = 1_700_000_000_000_000_000;
 const MS: u64 = 1_000_000;
@@ -83,8 +81,14 @@ proptest! {
                 Op::Report { edge, hits, after_ms } => {
                     now += after_ms * MS;
                     seqs[edge] += 1;
-                    let r = (EDGES[edge], seqs[edge], hits, now);
-                    old.absorb_report(key, &spec, r, Seed::Fresh, 0);
+                    let r = Report {
+                        edge: EDGES[edge],
+                        seq: seqs[edge],
+                        hits,
+                        at: now,
+                        reset_gen: None,
+                    };
+                    old.absorb_report(key, &spec, &r, None).unwrap();
                     reports.push(r);
                 }
                 Op::Reset => {
@@ -109,7 +113,7 @@ proptest! {
         arrivals = keyed.into_iter().map(|(_, c)| c).collect();
         let new = Store::new(16);
         for &c in &arrivals {
-            new.merge(key, copies[c].clone(), now, true);
+            new.merge(key, copies[c].clone(), now, Holding::Owned);
         }
         // The new owner has the lineage's latest generation and version...
         let (a, b) = (old.snapshot(key).unwrap(), new.snapshot(key).unwrap());
@@ -118,8 +122,9 @@ proptest! {
         prop_assert_eq!(a.spec, b.spec);
         // ...every report the old owner applied is a duplicate here...
         for &r in &reports {
-            prop_assert!(
-                !new.absorb_report(key, &spec, r, Seed::Fresh, 0),
+            prop_assert_ne!(
+                new.absorb_report(key, &spec, &r, None).unwrap(),
+                Absorbed::Applied,
                 "report {:?} counted twice", r
             );
         }
@@ -155,16 +160,8 @@ fn a_late_copy_from_before_a_reset_is_ignored() {
     old.decide(key, &spec, Request::hits(1), BASE);
     let after_reset = old.snapshot(key).unwrap();
     let new = Store::new(4);
-    new.merge(key, after_reset, BASE, true);
-    new.merge(key, before_reset, BASE, true);
+    new.merge(key, after_reset, BASE, Holding::Copy);
+    new.merge(key, before_reset, BASE, Holding::Copy);
     let d = new.decide(key, &spec, Request::hits(0), BASE);
     assert_eq!(d.remaining, 9, "the reset stands: {d:?}");
-    // Marking a key as pulled by a new owner survives nothing but a handback.
-    let to: Arc<str> = Arc::from("node-9");
-    assert!(new.pull(key, to.clone(), BASE + 10).is_some());
-    assert_eq!(new.moved_to(key, BASE), Some(to));
-    assert_eq!(new.moved_to(key, BASE + 10), None, "the mark runs out");
-    new.pull(key, Arc::from("node-9"), BASE + 10);
-    new.merge(key, new.snapshot(key).unwrap(), BASE, true);
-    assert_eq!(new.moved_to(key, BASE), None, "handed back: owned again");
 }

@@ -218,9 +218,10 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 
 /// chitchat's UDP transport with MACed datagrams, over a socket bound in
 /// advance (so a node started on port 0 knows its gossip port before it
-/// builds its chitchat id).
+/// builds its chitchat id). Each `open` hands chitchat its own handle to the
+/// one socket, so gossip can restart (a rejoin) on the same port.
 pub struct AuthTransport {
-    socket: Mutex<Option<std::net::UdpSocket>>,
+    socket: std::net::UdpSocket,
     secret: Secret,
     faults: Arc<Faults>,
 }
@@ -229,7 +230,7 @@ impl AuthTransport {
     /// `socket` must be non-blocking.
     pub fn new(socket: std::net::UdpSocket, secret: Secret, faults: Arc<Faults>) -> AuthTransport {
         AuthTransport {
-            socket: Mutex::new(Some(socket)),
+            socket,
             secret,
             faults,
         }
@@ -239,12 +240,8 @@ impl AuthTransport {
 #[async_trait]
 impl Transport for AuthTransport {
     async fn open(&self, _listen_addr: SocketAddr) -> anyhow::Result<Box<dyn Socket>> {
-        let socket = self
-            .socket
-            .lock()
-            .map_err(|_| anyhow::anyhow!("gossip socket lock poisoned"))?
-            .take()
-            .ok_or_else(|| anyhow::anyhow!("the gossip socket was already opened"))?;
+        let socket = self.socket.try_clone()?;
+        socket.set_nonblocking(true)?;
         Ok(Box::new(AuthSocket {
             socket: tokio::net::UdpSocket::from_std(socket)?,
             secret: self.secret.clone(),

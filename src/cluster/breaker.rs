@@ -82,6 +82,16 @@ impl Breaker {
         };
     }
 
+    /// A call that went out was abandoned before its outcome was known
+    /// (its caller stopped waiting): if it was the probe, let the next call
+    /// probe instead. Counts as neither success nor failure.
+    pub fn abandon(&self) {
+        let mut phase = self.lock();
+        if *phase == (Phase::HalfOpen { probing: true }) {
+            *phase = Phase::HalfOpen { probing: false };
+        }
+    }
+
     pub fn state(&self) -> State {
         match *self.lock() {
             Phase::Closed { .. } => State::Closed,
@@ -116,6 +126,20 @@ mod tests {
         assert_eq!(b.allow(), Allow::Probe);
         b.record(true);
         assert_eq!(b.allow(), Allow::Yes);
+        assert_eq!(b.state(), State::Closed);
+    }
+
+    #[test]
+    fn an_abandoned_probe_frees_the_slot() {
+        let b = Breaker::new(1, Duration::from_millis(1));
+        b.record(false);
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(b.allow(), Allow::Probe);
+        assert_eq!(b.allow(), Allow::No, "one probe at a time");
+        // The probe's caller gave up before it answered.
+        b.abandon();
+        assert_eq!(b.allow(), Allow::Probe, "the next call probes");
+        b.record(true);
         assert_eq!(b.state(), State::Closed);
     }
 }

@@ -19,10 +19,13 @@ use super::auth::{Secret, TOKEN_HEADER};
 use super::breaker::{Allow, Breaker, State as BreakerState};
 use super::faults::Faults;
 use super::ring::{Member, Ring};
+use super::wire;
+use crate::algorithm::Bounds;
 use crate::metrics::ClusterMetrics;
 use crate::proto::PEER_PROTOCOL_VERSION;
 use crate::proto::peer as pb;
 use crate::proto::peer::peer_client::PeerClient;
+use crate::store::{Snapshot, key};
 
 /// How forwards behave.
 #[derive(Clone, Debug)]
@@ -41,6 +44,8 @@ pub struct ForwardSettings {
     pub breaker_cooldown: Duration,
     /// Mutual TLS to peers (`cluster.tls`); plain HTTP/2 without.
     pub tls: Option<tonic::transport::ClientTlsConfig>,
+    /// Validation bounds for states received from peers.
+    pub bounds: Bounds,
 }
 
 /// Why a forward produced no answer.
@@ -54,6 +59,48 @@ pub enum ForwardError {
     Unreachable { peer: String, reason: String },
     #[error("the breaker for peer {0} is open")]
     BreakerOpen(String),
+    /// The peer answered, refusing the call for its size or shape: it is
+    /// reachable (no breaker failure), the call must change.
+    #[error("peer {peer} refused the call: {reason}")]
+    Refused { peer: String, reason: String },
+}
+
+/// A state received from a peer (a pull or a transfer page).
+#[derive(Clone, Debug)]
+pub struct Received {
+    /// The encoded key.
+    pub key: Vec<u8>,
+    pub snapshot: Snapshot,
+    /// The peer held it as a copy, not as the key's count.
+    pub copy: bool,
+}
+
+/// What a pull brought.
+#[derive(Debug)]
+pub enum Pulled {
+    /// One per key asked, in order: what the peer held.
+    States(Vec<Option<Received>>),
+    /// The peer's ring is not the puller's (yet): it took nothing.
+    Mismatch,
+}
+
+/// One page of a transfer.
+#[derive(Debug, Default)]
+pub struct TransferPage {
+    pub states: Vec<Received>,
+    pub next: u64,
+    pub done: bool,
+    pub mismatch: bool,
+}
+
+/// A key's owner's answer to a reset.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ResetAnswer {
+    Done {
+        existed: bool,
+    },
+    /// Not the owner by its ring: this node is.
+    Redirect(Arc<str>),
 }
 
 type Reply = oneshot::Sender<Result<pb::ForwardResult, ForwardError>>;
@@ -266,10 +313,7 @@ impl Peers {
         node_id: &str,
         items: Vec<pb::ReportItem>,
     ) -> Result<Vec<i32>, ForwardError> {
-        let peer = self.peer(node_id)?;
-        if peer.sender.breaker.allow() == Allow::No {
-            return Err(ForwardError::BreakerOpen(node_id.to_string()));
-        }
+        let peer = self.admit(node_id)?;
         peer.sender.report(items).await
     }
 
@@ -280,10 +324,7 @@ impl Peers {
         kind: pb::SyncKind,
         states: Vec<pb::KeyState>,
     ) -> Result<u32, ForwardError> {
-        let peer = self.peer(node_id)?;
-        if peer.sender.breaker.allow() == Allow::No {
-            return Err(ForwardError::BreakerOpen(node_id.to_string()));
-        }
+        let peer = self.admit(node_id)?;
         let request = pb::SyncRequest {
             protocol_version: PEER_PROTOCOL_VERSION,
             from_node: self.inner.self_id.to_string(),
@@ -291,38 +332,162 @@ impl Peers {
             states,
         };
         peer.sender
-            .call(request, |mut c, r| async move { c.sync(r).await })
+            .call(request, Duration::ZERO, |mut c, r| async move {
+                c.sync(r).await
+            })
             .await
             .map(|r| r.merged)
     }
 
-    /// The states `node_id` holds for `keys`. Protocol 2.
+    /// Take the states `node_id` holds for `keys` (encoded), waiting at
+    /// most `wait` for its ring to be `view`'s (protocol 3; None: a
+    /// protocol-2 peer, which has no views).
     pub async fn pull(
         &self,
         node_id: &str,
-        keys: Vec<pb::KeyRef>,
-    ) -> Result<Vec<Option<pb::KeyState>>, ForwardError> {
-        let peer = self.peer(node_id)?;
-        if peer.sender.breaker.allow() == Allow::No {
-            return Err(ForwardError::BreakerOpen(node_id.to_string()));
-        }
+        keys: &[Vec<u8>],
+        view: Option<(u64, u64)>,
+        wait: Duration,
+    ) -> Result<Pulled, ForwardError> {
+        let peer = self.admit(node_id)?;
         let n = keys.len();
+        let refs = keys
+            .iter()
+            .filter_map(|k| {
+                let (name, unique_key) = key::decode(k)?;
+                Some(pb::KeyRef {
+                    name: name.to_string(),
+                    unique_key: unique_key.to_string(),
+                })
+            })
+            .collect();
+        let (ring_epoch, view) = view.unwrap_or((0, 0));
         let request = pb::PullRequest {
             protocol_version: PEER_PROTOCOL_VERSION,
             from_node: self.inner.self_id.to_string(),
-            keys,
+            keys: refs,
+            ring_epoch,
+            view,
+            wait_ns: wait.as_nanos() as u64,
         };
         let response = peer
             .sender
-            .call(request, |mut c, r| async move { c.pull(r).await })
+            .call(request, wait, |mut c, r| async move { c.pull(r).await })
             .await?;
+        if response.mismatch {
+            return Ok(Pulled::Mismatch);
+        }
         if response.results.len() != n {
             return Err(ForwardError::Unreachable {
                 peer: node_id.to_string(),
                 reason: format!("answered {} results for {n} keys", response.results.len()),
             });
         }
-        Ok(response.results.into_iter().map(|r| r.state).collect())
+        let bounds = &self.inner.settings.bounds;
+        let states = response
+            .results
+            .into_iter()
+            .map(|r| {
+                let state = r.state?;
+                match wire::snapshot_from_wire(&state, bounds) {
+                    Ok((key, snapshot)) => Some(Received {
+                        key,
+                        snapshot,
+                        copy: state.copy,
+                    }),
+                    Err(e) => {
+                        tracing::warn!(peer = %node_id, error = %e, "pulled an invalid state");
+                        None
+                    }
+                }
+            })
+            .collect();
+        Ok(Pulled::States(states))
+    }
+
+    /// One page of what `node_id` holds of this node's keys in the view
+    /// `(epoch, view)`, from `cursor`; the peer waits at most `wait` for
+    /// its ring to be this one. Protocol 3.
+    pub async fn transfer_page(
+        &self,
+        node_id: &str,
+        epoch: u64,
+        view: u64,
+        cursor: u64,
+        wait: Duration,
+    ) -> Result<TransferPage, ForwardError> {
+        let peer = self.admit(node_id)?;
+        let request = pb::TransferRequest {
+            protocol_version: PEER_PROTOCOL_VERSION,
+            from_node: self.inner.self_id.to_string(),
+            ring_epoch: epoch,
+            view,
+            cursor,
+            wait_ns: wait.as_nanos() as u64,
+        };
+        let page = peer
+            .sender
+            .call(request, wait, |mut c, r| async move { c.transfer(r).await })
+            .await?;
+        let bounds = &self.inner.settings.bounds;
+        let mut states = Vec::with_capacity(page.states.len());
+        for (i, state) in page.states.iter().enumerate() {
+            // All or nothing: a page with a bad state is not taken (the
+            // holder's keys stay copies there; asked again, it resends).
+            let (key, snapshot) =
+                wire::snapshot_from_wire(state, bounds).map_err(|e| ForwardError::Unreachable {
+                    peer: node_id.to_string(),
+                    reason: format!("states[{i}]: {e}"),
+                })?;
+            states.push(Received {
+                key,
+                snapshot,
+                copy: state.copy,
+            });
+        }
+        Ok(TransferPage {
+            states,
+            next: page.next,
+            done: page.done,
+            mismatch: page.mismatch,
+        })
+    }
+
+    /// Reset a key at its owner `node_id`. Protocol 3.
+    pub async fn reset(
+        &self,
+        node_id: &str,
+        name: &str,
+        unique_key: &str,
+    ) -> Result<ResetAnswer, ForwardError> {
+        let peer = self.admit(node_id)?;
+        let request = pb::ResetRequest {
+            protocol_version: PEER_PROTOCOL_VERSION,
+            from_node: self.inner.self_id.to_string(),
+            name: name.to_string(),
+            unique_key: unique_key.to_string(),
+        };
+        let r = peer
+            .sender
+            .call(request, Duration::ZERO, |mut c, r| async move {
+                c.reset(r).await
+            })
+            .await?;
+        Ok(if r.redirect.is_empty() {
+            ResetAnswer::Done { existed: r.existed }
+        } else {
+            ResetAnswer::Redirect(Arc::from(r.redirect.as_str()))
+        })
+    }
+
+    /// The peer, if its breaker lets a call through.
+    fn admit(&self, node_id: &str) -> Result<Arc<Peer>, ForwardError> {
+        let peer = self.peer(node_id)?;
+        if peer.sender.breaker.allow() == Allow::No {
+            self.inner.metrics.breaker_rejections.inc();
+            return Err(ForwardError::BreakerOpen(node_id.to_string()));
+        }
+        Ok(peer)
     }
 
     /// Breaker states by peer, for metrics and status.
@@ -422,8 +587,8 @@ async fn batch_loop(
 
 impl Sender {
     /// The deadline and token of a peer call.
-    fn authorize<T>(&self, request: &mut tonic::Request<T>) {
-        request.set_timeout(self.timeout);
+    fn authorize<T>(&self, request: &mut tonic::Request<T>, timeout: Duration) {
+        request.set_timeout(timeout);
         if let Some(token) = self.secret.peer_token(&self.self_id)
             && let Ok(value) = token.parse()
         {
@@ -450,41 +615,58 @@ impl Sender {
         &self,
         items: Vec<pb::ForwardItem>,
     ) -> Result<Vec<pb::ForwardResult>, ForwardError> {
+        let attempt = Attempt::new(self);
         let outcome = self.send_once(items).await;
-        self.breaker.record(outcome.is_ok());
-        self.metrics
-            .breaker_state(&self.node_id, self.breaker.state());
+        attempt.record(&outcome);
         outcome
     }
 
-    /// One authenticated unary call with the peer's deadline, fault hook and
+    /// One authenticated unary call with the peer's deadline (plus `extra`:
+    /// how long the peer may wait before answering), fault hook and
     /// breaker; never retried.
-    async fn call<Req, Resp, F, Fut>(&self, request: Req, rpc: F) -> Result<Resp, ForwardError>
+    async fn call<Req, Resp, F, Fut>(
+        &self,
+        request: Req,
+        extra: Duration,
+        rpc: F,
+    ) -> Result<Resp, ForwardError>
     where
         F: FnOnce(PeerClient<Channel>, tonic::Request<Req>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
     {
+        let attempt = Attempt::new(self);
         self.metrics.rpc_attempt(&self.node_id);
+        let timeout = self.timeout + extra;
         let outcome = match self.cut().await {
             Some(e) => Err(e),
             None => {
                 let mut request = tonic::Request::new(request);
-                self.authorize(&mut request);
-                match tokio::time::timeout(self.timeout, rpc(self.client.clone(), request)).await {
+                self.authorize(&mut request, timeout);
+                match tokio::time::timeout(timeout, rpc(self.client.clone(), request)).await {
                     Ok(Ok(r)) => Ok(r.into_inner()),
-                    Ok(Err(status)) => Err(format!("{}: {}", status.code(), status.message())),
-                    Err(_) => Err("deadline exceeded".to_string()),
+                    Ok(Err(status)) => Err(self.failed(&status)),
+                    Err(_) => Err(ForwardError::Unreachable {
+                        peer: self.node_id.to_string(),
+                        reason: "deadline exceeded".to_string(),
+                    }),
                 }
-                .map_err(|reason| ForwardError::Unreachable {
-                    peer: self.node_id.to_string(),
-                    reason,
-                })
             }
         };
-        self.breaker.record(outcome.is_ok());
-        self.metrics
-            .breaker_state(&self.node_id, self.breaker.state());
+        attempt.record(&outcome);
         outcome
+    }
+
+    /// A call's error status as a forward error: a refusal for the call's
+    /// size or shape (the peer answered) is not unreachability.
+    fn failed(&self, status: &tonic::Status) -> ForwardError {
+        let peer = self.node_id.to_string();
+        let reason = format!("{}: {}", status.code(), status.message());
+        match status.code() {
+            tonic::Code::ResourceExhausted
+            | tonic::Code::InvalidArgument
+            | tonic::Code::FailedPrecondition => ForwardError::Refused { peer, reason },
+            _ => ForwardError::Unreachable { peer, reason },
+        }
     }
 
     async fn report(&self, items: Vec<pb::ReportItem>) -> Result<Vec<i32>, ForwardError> {
@@ -495,7 +677,9 @@ impl Sender {
             items,
         };
         let r = self
-            .call(request, |mut c, r| async move { c.report(r).await })
+            .call(request, Duration::ZERO, |mut c, r| async move {
+                c.report(r).await
+            })
             .await?;
         if r.outcomes.len() != n {
             return Err(ForwardError::Unreachable {
@@ -523,7 +707,7 @@ impl Sender {
             from_node: self.self_id.to_string(),
             items,
         });
-        self.authorize(&mut request);
+        self.authorize(&mut request, self.timeout);
         let unreachable = |reason: String| ForwardError::Unreachable {
             peer: self.node_id.to_string(),
             reason,
@@ -554,5 +738,41 @@ impl Sender {
             )));
         }
         Ok(response.results)
+    }
+}
+
+/// One call's record in its peer's breaker. A call whose future is dropped
+/// before it finishes (its caller's deadline passed first) reports nothing
+/// on its own: dropping the attempt frees the breaker's probe slot, or a
+/// half-open breaker would refuse every call to that peer for good.
+struct Attempt<'a> {
+    sender: &'a Sender,
+    done: bool,
+}
+
+impl<'a> Attempt<'a> {
+    fn new(sender: &'a Sender) -> Attempt<'a> {
+        Attempt {
+            sender,
+            done: false,
+        }
+    }
+
+    fn record<T>(mut self, outcome: &Result<T, ForwardError>) {
+        self.done = true;
+        // A refusal came from a peer that answered: reachable.
+        let reached = !matches!(outcome, Err(ForwardError::Unreachable { .. }));
+        self.sender.breaker.record(reached);
+        self.sender
+            .metrics
+            .breaker_state(&self.sender.node_id, self.sender.breaker.state());
+    }
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.sender.breaker.abandon();
+        }
     }
 }

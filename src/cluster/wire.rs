@@ -62,6 +62,7 @@ pub fn decision_to_wire(d: &Decision, owner: &str, approximate: bool) -> pb::Dec
         owner: owner.to_string(),
         approximate,
         grant: None,
+        reset_gen: 0,
     }
 }
 
@@ -123,6 +124,7 @@ pub fn snapshot_to_wire(k: &[u8], s: &Snapshot) -> Option<pb::KeyState> {
                 seq: *seq,
             })
             .collect(),
+        copy: false,
     })
 }
 

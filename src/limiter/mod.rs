@@ -6,19 +6,34 @@
 //! resolution, ownership, forwarding, fallback, shadow mode, counting) live
 //! here. Cheap to clone: a handle over `Arc<Shared>`.
 //!
-//! - [`mod@self`]: the handle, the batch entry point, admin operations;
+//! - [`mod@self`]: the handle, the batch entry point, the view it follows;
+//! - `route`: where a key is decided;
 //! - `owner`: deciding keys this node owns, for itself or for an edge;
-//! - `fallback`: forwarding to owners, and deciding without them.
+//! - `forward`: sending keys to their owners; `fallback`: deciding without;
+//! - `transfer` and `holdings`: ownership moving between nodes on a ring
+//!   change (the new owner's side, the holder's side);
+//! - `reports`: lease spending, reported by edges and absorbed by owners;
+//! - `replicate`: replicas to each key's successor, and a leaving node's
+//!   last push;
+//! - `tiered`: hot keys on allotments; `envoy`: descriptors; `admin`.
 
+mod admin;
 mod envoy;
 mod fallback;
-mod handoff;
+mod forward;
+mod holdings;
 mod owner;
+mod replicate;
+mod reports;
+mod route;
 mod tiered;
+pub mod transfer;
 mod types;
 
 pub use envoy::{Descriptor, DescriptorOutcome};
-pub use handoff::Handoff;
+pub use holdings::Page;
+pub use owner::ForwardedItem;
+pub use replicate::Handoff;
 
 use std::sync::Arc;
 
@@ -32,13 +47,15 @@ pub use types::{
 
 use crate::algorithm::{self, Decision, Nanos, Spec};
 use crate::clock::SharedClock;
-use crate::cluster::membership::ClusterView;
+use crate::cluster::membership::{ClusterView, Lifecycle, Presence};
 use crate::cluster::peers::Peers;
 use crate::cluster::ring::Ring;
 use crate::lease::Leases;
 use crate::metrics::Metrics;
 use crate::policy::{OnOwnerUnreachable, Policies, Policy};
-use crate::store::{Store, TopBy, View, key};
+use crate::store::Store;
+use holdings::Holdings;
+use transfer::Incoming;
 
 /// Local decisions between yields to the runtime within one batch (~0.3 ms
 /// of work for new keys).
@@ -47,16 +64,18 @@ const YIELD_EVERY: usize = 64;
 /// How the limiter behaves in a cluster.
 #[derive(Clone, Debug)]
 pub struct ClusterSettings {
-    /// After a ring change, how long a new owner pulls keys from their
-    /// previous owner (and seeds those whose previous owner is gone).
-    pub ownership_grace: Nanos,
-    /// The peer protocol this node speaks (2; 1 plays the previous version).
-    pub protocol: u32,
     /// Tiered mode: how allotments are sized and kept.
     pub tiered: crate::tiered::Terms,
     /// Tiered mode: keys with allotments (as an edge) and ledgers (as an owner).
     pub tiered_max_keys: usize,
+    /// How long a member may stay silent in an ownership transfer before
+    /// it is flagged (`sluice_transfer_stalled_members`).
+    pub handoff_timeout: std::time::Duration,
 }
+
+/// Asks gossip for an immediate round with a member (by node id): two
+/// nodes whose rings differ converge in a round trip.
+pub type Nudge = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// Everything a limiter is built from.
 pub struct Parts {
@@ -65,36 +84,44 @@ pub struct Parts {
     pub policies: Policies,
     pub clock: SharedClock,
     pub metrics: Arc<Metrics>,
-    /// None: a single node that never forwards.
-    pub peers: Option<Peers>,
+    pub peers: Peers,
     pub leases: Leases,
+    /// Whether this node may own keys now (ready, and not away).
+    pub presence: Arc<Presence>,
+    pub nudge: Nudge,
     pub settings: ClusterSettings,
-    /// Validation bounds for states arriving from peers.
-    pub bounds: algorithm::Bounds,
 }
 
 /// What the limiter knows of the cluster, swapped whole on each change.
-#[derive(Debug, Default)]
 struct Topology {
     ring: Arc<Ring>,
-    /// The ring before the last change, and when it changed.
-    previous: Arc<Ring>,
-    changed_at: Nanos,
+    /// This node's number for its current view: one more on every ring
+    /// change (an epoch alone can repeat). The store's fence.
+    view: u64,
+    /// This node's generation (a rejoin is a new one).
+    generation: u64,
     /// `N`, the remembered cluster size that sizes leases.
     size: u64,
     /// Seeing fewer than a majority of `N`: every key on leases.
     minority: bool,
-    /// When this node entered the ring, while it is still joining (its
-    /// ring has only grown since, within the ownership grace period).
-    joined_at: Option<Nanos>,
-    /// Live members announcing `leaving` (a handful at most): they decide
-    /// nothing more, but can still be pulled from.
-    leaving: Vec<Arc<str>>,
+    /// Keys coming to this node in this view.
+    incoming: Arc<Incoming>,
+    /// Keys this node holds for others in this view.
+    holdings: Arc<Holdings>,
 }
 
 impl Topology {
-    fn is_leaving(&self, node_id: &str) -> bool {
-        self.leaving.iter().any(|l| **l == *node_id)
+    fn empty(generation: u64) -> Topology {
+        let ring = Arc::new(Ring::default());
+        Topology {
+            holdings: Arc::new(Holdings::new(0, ring.epoch(), ring.clone(), ring.clone())),
+            ring,
+            view: 0,
+            generation,
+            size: 1,
+            minority: false,
+            incoming: Arc::new(Incoming::new(0, 0, [].iter())),
+        }
     }
 }
 
@@ -113,25 +140,17 @@ struct Shared {
     clock: SharedClock,
     metrics: Arc<Metrics>,
     topology: ArcSwap<Topology>,
-    peers: Option<Peers>,
+    /// `(ring epoch, view)` as adopted, for holders waiting to agree.
+    views: tokio::sync::watch::Sender<(u64, u64)>,
+    /// Transfer merges take it shared, a holdings scan exclusively (see
+    /// `transfer::merge_received`). A std RwLock: never held across an await.
+    gate: std::sync::RwLock<()>,
+    peers: Peers,
+    presence: Arc<Presence>,
+    nudge: Nudge,
     leases: Leases,
     tiers: tiered::Tiers,
     settings: ClusterSettings,
-    bounds: algorithm::Bounds,
-}
-
-/// A decision that has to wait (a forward, or a pull first), with its
-/// place in the batch.
-type Pending<'a> =
-    std::pin::Pin<Box<dyn std::future::Future<Output = (usize, Verdict)> + Send + 'a>>;
-
-/// Where a key is decided, in a cluster.
-enum Route {
-    Here,
-    /// Pull its state from the previous owner first.
-    PullFirst(owner::PullPlan),
-    /// At its owner (or the node that pulled it from this one).
-    Forward(Arc<str>),
 }
 
 /// A check resolved against the policies: what to decide and how to report it.
@@ -147,6 +166,7 @@ struct Resolved<'a> {
 
 impl Limiter {
     pub fn new(parts: Parts) -> Limiter {
+        let generation = parts.presence.generation();
         Limiter {
             shared: Arc::new(Shared {
                 node_id: Arc::from(parts.node_id.as_str()),
@@ -155,99 +175,85 @@ impl Limiter {
                 rules: ArcSwap::from_pointee(crate::policy::rules::Rules::default()),
                 clock: parts.clock,
                 metrics: parts.metrics,
-                topology: ArcSwap::from_pointee(Topology {
-                    size: 1,
-                    ..Topology::default()
-                }),
+                topology: ArcSwap::from_pointee(Topology::empty(generation)),
+                views: tokio::sync::watch::channel((0, 0)).0,
+                gate: std::sync::RwLock::new(()),
                 peers: parts.peers,
+                presence: parts.presence,
+                nudge: parts.nudge,
                 leases: parts.leases,
                 tiers: tiered::Tiers::new(parts.settings.tiered_max_keys, parts.settings.tiered),
                 settings: parts.settings,
-                bounds: parts.bounds,
             }),
         }
     }
 
     /// Follow a new cluster view (membership calls this on every change).
+    /// A new ring is a new view: decisions routed under the old one are
+    /// fenced off, the transfer of this node's new keys starts, and the
+    /// store is sorted out for the peers that will ask for theirs.
     pub fn set_view(&self, view: &ClusterView) {
         let old = self.shared.topology.load_full();
+        let me = self.shared.node_id.clone();
         let ready = view.ring.members().len() as u64;
         let size = view.size as u64;
         let minority = ready * 2 <= size && size > 1;
-        let changed = old.ring.epoch() != view.ring.epoch();
-        let joined = old.ring.member(&self.shared.node_id).is_none()
-            && view.ring.member(&self.shared.node_id).is_some();
-        if let Some(peers) = &self.shared.peers {
-            peers.sync(&view.ring, &view.live());
+        let rejoined = view.self_generation != old.generation;
+        let changed = old.ring.epoch() != view.ring.epoch() || rejoined || old.view == 0;
+        let live = view.live();
+        self.shared.peers.sync(&view.ring, &live);
+        if rejoined {
+            // Back as a new member after being away: what this node holds
+            // is a copy now; the counts went where the ring sent them.
+            self.shared.store.mark_all_copies();
+            self.shared.tiers.forget_ledgers();
         }
-        if changed {
-            // Keys this node no longer owns go to their new owner with
-            // what it promised counted (see `fold_promises`).
-            let me = self.shared.node_id.clone();
+        let (number, incoming, holdings) = if changed {
+            old.incoming.cancel();
+            old.holdings.cancel();
+            // Keys this node no longer owns go with what it promised
+            // counted (see `fold_promises`).
             self.fold_promises_unless(|k| view.ring.owner(k).is_none_or(|o| o.node_id == me));
             // Allotments are promises of the owner that granted them; a
-            // key that moves arrives at its new owner without them (its
-            // state travels, its promises do not). Stop spending them: what
-            // was spent is still reported, and the next ask goes to the
-            // key's owner now. (Seen: 9.6% over on a scale-out without this.)
+            // key that moves arrives at its new owner without them. Stop
+            // spending them: what was spent is still reported, and the next
+            // ask goes to the key's owner now.
             self.shared.tiers.forget_allotments();
-        }
-        // Changes are worth queueing while another node could hold them.
-        let has_peer = view
-            .ring
-            .members()
-            .iter()
-            .any(|m| m.node_id != self.shared.node_id);
-        self.shared
-            .store
-            .set_replicating(self.shared.settings.protocol >= 2 && has_peer);
-        let now = self.now();
-        // Still joining: this node entered the ring within the grace
-        // period, and since then its ring has only grown.
-        let grown = old
-            .ring
-            .members()
-            .iter()
-            .all(|m| view.ring.member(&m.node_id).is_some());
-        let joined_at = match old.joined_at {
-            _ if joined => Some(now),
-            Some(at) if grown && now.saturating_sub(at) < self.shared.settings.ownership_grace => {
-                Some(at)
-            }
-            _ => None,
+            let number = old.view + 1;
+            self.shared.store.set_fence(number);
+            let others = live.iter().filter(|m| m.node_id != me);
+            let incoming = Arc::new(Incoming::new(number, view.ring.epoch(), others));
+            let holdings = Arc::new(Holdings::new(
+                number,
+                view.ring.epoch(),
+                view.ring.clone(),
+                old.ring.clone(),
+            ));
+            (number, incoming, holdings)
+        } else {
+            (old.view, old.incoming.clone(), old.holdings.clone())
         };
+        incoming.prune(&live);
+        // Changes are worth queueing while another node could hold them.
+        let has_peer = view.ring.members().iter().any(|m| m.node_id != me);
+        self.shared.store.set_replicating(has_peer);
         self.shared.topology.store(Arc::new(Topology {
             ring: view.ring.clone(),
-            previous: if changed && joined_at.is_some() {
-                // This node is joining: its keys were owned by the others,
-                // whatever its own earlier views held — a joiner's first
-                // rings can be partial (gossip brings members in one by
-                // one), and one that held this node would name it the
-                // previous owner of keys it never had (seen: keys started
-                // fresh at a new node).
-                Arc::new(Ring::new(
-                    view.ring
-                        .members()
-                        .iter()
-                        .filter(|m| m.node_id != self.shared.node_id)
-                        .cloned(),
-                ))
-            } else if changed {
-                old.ring.clone()
-            } else {
-                old.previous.clone()
-            },
-            changed_at: if changed { now } else { old.changed_at },
-            joined_at,
+            view: number,
+            generation: view.self_generation,
             size,
             minority,
-            leaving: view
-                .members
-                .iter()
-                .filter(|m| m.state == crate::cluster::membership::Lifecycle::Leaving)
-                .map(|m| m.node_id.clone())
-                .collect(),
+            incoming: incoming.clone(),
+            holdings: holdings.clone(),
         }));
+        self.shared.views.send_replace((view.ring.epoch(), number));
+        self.export_transfer();
+        if changed {
+            tracing::debug!(view = number, epoch = %format_args!("{:016x}", view.ring.epoch()), members = ready, "adopted a view");
+            self.start_transfer(incoming);
+            let limiter = self.clone();
+            tokio::spawn(async move { limiter.scan_holdings(holdings).await });
+        }
         self.shared
             .metrics
             .cluster
@@ -268,6 +274,16 @@ impl Limiter {
         }
     }
 
+    /// Wait (at most `within`) until this node has adopted the ring whose
+    /// epoch is `epoch`.
+    pub async fn adopted(&self, epoch: u64, within: std::time::Duration) -> bool {
+        let mut views = self.shared.views.subscribe();
+        matches!(
+            tokio::time::timeout(within, views.wait_for(|v| v.0 == epoch)).await,
+            Ok(Ok(_))
+        )
+    }
+
     pub fn ring(&self) -> Arc<Ring> {
         self.shared.topology.load().ring.clone()
     }
@@ -284,6 +300,23 @@ impl Limiter {
         &self.shared.store
     }
 
+    /// This node's view: its number and the progress of the keys coming to
+    /// it (for status and metrics).
+    pub fn transfer(&self) -> Arc<Incoming> {
+        self.shared.topology.load().incoming.clone()
+    }
+
+    /// Whether this node's holdings for its current view have all been
+    /// taken by their new owners (a leaving node waits for this).
+    pub fn delivered(&self) -> bool {
+        let holdings = self.shared.topology.load().holdings.clone();
+        holdings.is_scanned()
+            && holdings.undelivered().iter().all(|peer| {
+                // A protocol-2 peer never asks: pushed at the end instead.
+                self.shared.peers.protocol(peer).is_none_or(|p| p < 3)
+            })
+    }
+
     /// Notified when reports should go before the next interval (a
     /// tiered allotment runs low).
     pub fn report_soon(&self) -> Arc<tokio::sync::Notify> {
@@ -298,6 +331,15 @@ impl Limiter {
         &self.shared.metrics
     }
 
+    pub fn presence(&self) -> &Arc<Presence> {
+        &self.shared.presence
+    }
+
+    /// Whether this node is leaving (it owns nothing more).
+    pub fn leaving(&self) -> bool {
+        self.shared.presence.lifecycle() == Lifecycle::Leaving
+    }
+
     /// Replace the named policies (config reload).
     pub fn set_policies(&self, policies: Policies) {
         self.shared.policies.store(Arc::new(policies));
@@ -310,100 +352,6 @@ impl Limiter {
     /// Decide one check (see [`Limiter::check_batch`]).
     pub async fn check(&self, check: Check) -> Result<Verdict, ItemError> {
         self.check_batch(vec![Ok(check)]).await.remove(0)
-    }
-
-    /// Decide a batch, in order: keys this node owns here, the others at
-    /// their owners — forwarded in parallel, one micro-batch per owner —
-    /// or on leases when the owners cannot be reached. Invalid items stay
-    /// errors; they never fail the batch.
-    pub async fn check_batch(
-        &self,
-        items: Vec<Result<Check, ItemError>>,
-    ) -> Vec<Result<Verdict, ItemError>> {
-        let policies = self.shared.policies.load_full();
-        let topology = self.shared.topology.load_full();
-        let mut out: Vec<Option<Result<Verdict, ItemError>>> = vec![None; items.len()];
-        let mut remote: Vec<Pending<'_>> = Vec::new();
-        // Routing reads the clock once per batch; each decision reads it
-        // again, so its own time is exact.
-        let now = self.now();
-        for (i, item) in items.iter().enumerate() {
-            if i % YIELD_EVERY == YIELD_EVERY - 1 {
-                // A large batch decides in one task: let the runtime run a
-                // small call between its slices, or that call waits for the
-                // whole batch (milliseconds, seen under a key flood).
-                tokio::task::yield_now().await;
-            }
-            let resolved = match item
-                .as_ref()
-                .map_err(Clone::clone)
-                .and_then(|c| self.resolve(c, &policies))
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    out[i] = Some(Err(e));
-                    continue;
-                }
-            };
-            if topology.minority {
-                out[i] = Some(Ok(self.fallback(&resolved, &topology, true)));
-                continue;
-            }
-            if self.shared.peers.is_none() {
-                // A single node: every key is this node's, and nothing moves.
-                out[i] = Some(Ok(self.decide_here(&resolved, &topology)));
-                continue;
-            }
-            // One encoding of the key for all the routing questions.
-            let route = key::with_encoded(&resolved.check.name, &resolved.check.unique_key, |k| {
-                match topology.ring.owner(k) {
-                    Some(owner) if owner.node_id != self.shared.node_id => {
-                        Route::Forward(owner.node_id.clone())
-                    }
-                    _ => match self.placement(k, &topology, now) {
-                        owner::Place::Moved(to) => Route::Forward(to),
-                        owner::Place::Pull(plan) => Route::PullFirst(plan),
-                        owner::Place::Here => Route::Here,
-                    },
-                }
-            });
-            match route {
-                // Another node owns the key — or pulled it from this one
-                // while this ring still names this node: it decides.
-                Route::Forward(to) if resolved.tiered => match self.tiered_local(&resolved, to) {
-                    Ok(verdict) => out[i] = Some(Ok(verdict)),
-                    Err((to, ask)) => {
-                        let topology = topology.clone();
-                        remote.push(Box::pin(async move {
-                            (i, self.tiered_slow(&resolved, to, &topology, ask).await)
-                        }))
-                    }
-                },
-                Route::Forward(to) => {
-                    let topology = topology.clone();
-                    remote.push(Box::pin(async move {
-                        (i, self.forward(&resolved, to, &topology).await)
-                    }))
-                }
-                // The key just moved here: pull its state first.
-                Route::PullFirst(plan) => {
-                    let topology = topology.clone();
-                    remote.push(Box::pin(async move {
-                        (i, self.pull_then_decide(&resolved, plan, &topology).await)
-                    }))
-                }
-                Route::Here if resolved.tiered => {
-                    out[i] = Some(Ok(self.tiered_here(&resolved, &topology)))
-                }
-                Route::Here => out[i] = Some(Ok(self.decide_here(&resolved, &topology))),
-            }
-        }
-        for (i, verdict) in futures::future::join_all(remote).await {
-            out[i] = Some(Ok(verdict));
-        }
-        out.into_iter()
-            .map(|v| v.unwrap_or_else(|| Err(ItemError::new("request", "not decided"))))
-            .collect()
     }
 
     fn resolve<'a>(
@@ -481,31 +429,6 @@ impl Limiter {
             window: period_ns(&r.spec),
             path: Path::Owner,
         }
-    }
-
-    /// Reset a key (admin). Returns whether it was in memory.
-    pub fn reset(&self, name: &str, unique_key: &str) -> bool {
-        let now = self.now();
-        key::with_encoded(name, unique_key, |k| self.shared.store.reset(k, now))
-    }
-
-    /// Inspect a key (admin).
-    pub fn inspect(&self, name: &str, unique_key: &str) -> Option<View> {
-        let now = self.now();
-        key::with_encoded(name, unique_key, |k| self.shared.store.inspect(k, now))
-    }
-
-    /// The top keys (admin): `(name, unique_key, view)`.
-    pub fn top(&self, by: TopBy, n: usize) -> Vec<(String, String, View)> {
-        self.shared
-            .store
-            .top(by, n, self.now())
-            .into_iter()
-            .filter_map(|(k, v)| {
-                let (name, key) = key::decode(&k)?;
-                Some((name.to_string(), key.to_string(), v))
-            })
-            .collect()
     }
 
     /// Forget idle keys now (the background sweeper calls this).

@@ -1,236 +1,44 @@
 //! Deciding keys this node owns — for itself or for an edge that forwarded
-//! them — pulling a key's state from its previous owner after a ring change,
-//! and absorbing what edges admitted on leases.
+//! them — and taking the keys it lacks from the members still transferring
+//! (all the lacking keys of a batch in one `Pull` per member).
 
+use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
-use super::{Absorb, Forwarded, Limiter, ReportOutcome, Resolved, Topology, Verdict};
-use crate::algorithm::{Nanos, Request, Spec};
-use crate::cluster::wire;
-use crate::proto::peer as pb;
-use crate::store::{Outcome, Seed, key};
+use super::route::{ROUNDS, Route};
+use super::{Ask, Check, Forwarded, Limiter, Mode, Resolved, Topology, Verdict};
+use crate::algorithm::{Decision, Nanos, Request, Spec};
+use crate::cluster::peers::Pulled;
+use crate::store::{Holding, Seed, Stale, key};
 
-/// Where a new owner may find a key's state (DESIGN §4).
-pub(super) struct PullPlan {
-    /// The previous owner, then the previous replica holder.
-    from: Vec<Arc<str>>,
+/// One item of an edge's forwarded batch, as the owner receives it.
+#[derive(Clone, Debug)]
+pub struct ForwardedItem {
+    pub check: Check,
+    pub spec: Spec,
+    /// When the edge stops waiting, on this node's clock.
+    pub deadline: Nanos,
+    /// Tiered mode: the edge's ask for its next allotment.
+    pub ask: Option<Ask>,
 }
 
-/// Where a key this node's ring says it owns is decided.
-pub(super) enum Place {
-    /// Here, on the count this node holds (or a fresh or seeded one).
-    Here,
-    /// Here, after pulling the key's current state.
-    Pull(PullPlan),
-    /// At the node that pulled the key from this one: its ring is newer.
-    Moved(Arc<str>),
+/// What pulling a batch's lacking keys found.
+#[derive(Debug, Default)]
+pub(super) struct Taken {
+    /// Every member still transferring answered for these keys.
+    pub reached_all: bool,
+    /// Keys some member handed over as its own count.
+    pub owned: HashSet<Vec<u8>>,
+    /// The view changed meanwhile: route again.
+    pub stale: bool,
 }
 
 impl Limiter {
-    /// Whether deciding `k` here should first pull its state, and from
-    /// whom: never for a key whose count this node holds as its owner (a
-    /// replica or a copy left behind does not count); for a key another
-    /// node owns by this node's ring (it was redirected here by a node
-    /// whose ring is newer), from that owner or its successor; within the
-    /// grace period after a ring change, from the previous owner (or the
-    /// previous replica holder). Only from nodes still alive (in the ring,
-    /// joining or leaving).
-    pub(super) fn pull_plan(&self, k: &[u8], t: &Topology, now: Nanos) -> Option<PullPlan> {
-        let peers = self.shared.peers.as_ref()?;
-        if self.shared.settings.protocol < 2 {
-            return None;
-        }
-        let me = &self.shared.node_id;
-        let ring = match t.ring.owner(k) {
-            Some(owner) if owner.node_id != *me => &t.ring,
-            _ if now.saturating_sub(t.changed_at) < self.shared.settings.ownership_grace => {
-                &t.previous
-            }
-            _ => return None,
-        };
-        let previous = ring.owner(k)?;
-        // Last, as it is the one lookup in the store: the cheap questions
-        // above answer "no" for nearly every decision. A replica, or a copy
-        // left here when the key moved away, is pulled over: the previous
-        // owner may have counted past it.
-        if previous.node_id == *me || self.shared.store.holds_own(k) {
-            return None;
-        }
-        let from: Vec<Arc<str>> = [Some(previous), ring.successor(k)]
-            .into_iter()
-            .flatten()
-            .filter(|m| m.node_id != *me)
-            .filter(|m| peers.protocol(&m.node_id).is_some())
-            .map(|m| m.node_id.clone())
-            .collect();
-        (!from.is_empty()).then_some(PullPlan { from })
-    }
-
-    /// Where to decide `k`, which this node's ring says it owns. If a node
-    /// pulled the key from here, the count is there: callers go to it —
-    /// unless it is leaving or gone (the key came back to this node), when
-    /// this node pulls the count back first. Otherwise as [`Self::pull_plan`]
-    /// says.
-    pub(super) fn placement(&self, k: &[u8], t: &Topology, now: Nanos) -> Place {
-        if let Some(to) = self.shared.store.moved_to(k, now) {
-            let live = self
-                .shared
-                .peers
-                .as_ref()
-                .is_some_and(|p| p.protocol(&to).is_some());
-            return if live && !t.is_leaving(&to) {
-                Place::Moved(to)
-            } else {
-                Place::Pull(PullPlan { from: vec![to] })
-            };
-        }
-        match self.pull_plan(k, t, now) {
-            Some(plan) => Place::Pull(plan),
-            None => Place::Here,
-        }
-    }
-
-    /// Pull `k`'s state from the plan's nodes, first answer wins: with the
-    /// `Pull` call from a protocol-2 node, or from a protocol-1 node (which
-    /// has no `Pull`) by a forwarded peek — `hits: 0`, marked redirected so
-    /// even a leaving node decides it — whose `remaining` seeds the key.
-    /// Returns false if no node could be asked (the key may be orphaned).
-    pub(super) async fn pull(
-        &self,
-        name: &str,
-        unique_key: &str,
-        spec: &Spec,
-        plan: &PullPlan,
-    ) -> bool {
-        let Some(peers) = &self.shared.peers else {
-            return false;
-        };
-        let metrics = &self.shared.metrics.cluster;
-        let counted =
-            |result: &'static str| metrics.pulls.get_or_create(&vec![("result", result)]).inc();
-        for node in &plan.from {
-            if peers.protocol(node).unwrap_or(0) < 2 {
-                if self.peek(peers, node, name, unique_key, spec).await {
-                    counted("peek");
-                    return true;
-                }
-                continue;
-            }
-            let keys = vec![pb::KeyRef {
-                name: name.to_string(),
-                unique_key: unique_key.to_string(),
-            }];
-            match peers.pull(node, keys).await {
-                Ok(mut results) => {
-                    if let Some(Some(state)) = results.pop() {
-                        match wire::snapshot_from_wire(&state, &self.shared.bounds) {
-                            Ok((k, snapshot)) => {
-                                self.shared.store.merge(&k, snapshot, self.now(), true);
-                                counted("state");
-                            }
-                            Err(e) => {
-                                tracing::warn!(peer = %node, error = %e, "pulled an invalid state")
-                            }
-                        }
-                    } else {
-                        counted("none");
-                    }
-                    return true;
-                }
-                Err(e) => tracing::debug!(peer = %node, error = %e, "pull failed"),
-            }
-        }
-        counted("unreachable");
-        false
-    }
-
-    /// A protocol-1 pull: ask `node` to decide a zero-cost check and seed
-    /// the key from the `remaining` it answers.
-    async fn peek(
-        &self,
-        peers: &crate::cluster::peers::Peers,
-        node: &str,
-        name: &str,
-        unique_key: &str,
-        spec: &Spec,
-    ) -> bool {
-        let deadline = self
-            .now()
-            .saturating_add(peers.settings().timeout.as_nanos() as u64);
-        let item = pb::ForwardItem {
-            name: name.to_string(),
-            unique_key: unique_key.to_string(),
-            limit: Some(wire::limit_to_wire(spec)),
-            hits: 0,
-            drain_over_limit: false,
-            nodelay: false,
-            redirected: true,
-            tiered: None,
-            deadline_ns: deadline,
-        };
-        let answer = match peers.forward(node, item, true).await {
-            Ok(pb::ForwardResult {
-                result: Some(pb::forward_result::Result::Decision(d)),
-            }) => wire::decision_from_wire(&d),
-            other => {
-                tracing::debug!(peer = %node, answer = ?other.map(|r| r.result), "peek not decided");
-                return false;
-            }
-        };
-        match answer {
-            Ok(decision) => {
-                let k = key::encode(name, unique_key);
-                self.shared
-                    .store
-                    .observe(&k, spec, decision.remaining, self.now());
-                true
-            }
-            Err(e) => {
-                tracing::warn!(peer = %node, error = %e, "malformed peek answer");
-                false
-            }
-        }
-    }
-
-    /// How a key this node owns but has no state for starts (DESIGN §4).
-    /// Within the grace period after a ring change, if the key's previous
-    /// owner is gone (or could not be asked: `orphaned`), its count died with
-    /// it: seed from the `remaining` this node last saw (refilled since),
-    /// else `⌊capacity / N⌋` — never a full bucket — and answer approximately
-    /// for one duration. Otherwise the key is new, and fresh.
-    fn seed(
-        &self,
-        k: &[u8],
-        spec: &Spec,
-        t: &Topology,
-        now: Nanos,
-        orphaned: bool,
-    ) -> (Seed, Nanos) {
-        let grace = self.shared.settings.ownership_grace;
-        if now.saturating_sub(t.changed_at) >= grace {
-            return (Seed::Fresh, 0);
-        }
-        let orphaned = orphaned
-            || match t.previous.owner(k).map(|m| m.node_id.clone()) {
-                Some(p) => p != self.shared.node_id && t.ring.member(&p).is_none(),
-                None => false,
-            };
-        if !orphaned {
-            return (Seed::Fresh, 0);
-        }
-        let remaining = self
-            .shared
-            .leases
-            .seen_remaining(k, now)
-            .unwrap_or(spec.capacity() / t.size.max(1));
-        let until = now.saturating_add(super::period_ns(spec));
-        (
-            Seed::Consumed(spec.capacity().saturating_sub(remaining)),
-            until,
-        )
-    }
-
-    /// Decide a key this node owns, in its store.
+    /// Decide a key this node owns, in its store, under `t`'s view. Any
+    /// key with tiered promises outstanding is decided within what they
+    /// leave, in exact mode too (a policy reload or a per-request mode must
+    /// not admit what was promised).
     pub(super) fn decide_owned(
         &self,
         k: &[u8],
@@ -238,180 +46,239 @@ impl Limiter {
         req: Request,
         t: &Topology,
         now: Nanos,
-        orphaned: bool,
-    ) -> Outcome {
-        let (seed, until) = self.seed(k, spec, t, now, orphaned);
+    ) -> Result<Decision, Stale> {
+        if req.hits > 0 && self.shared.tiers.has_ledger(k) {
+            return self
+                .decide_reserving(k, spec, req, t, now, None)
+                .map(|(d, _)| d);
+        }
         self.shared
             .store
-            .decide_seeded(k, spec, req, now, seed, until)
+            .decide_fenced(k, spec, req, now, Seed::Fresh, Some(t.view))
     }
 
-    /// Decide here (this node is the owner, or the ring is empty).
-    pub(super) fn decide_here(&self, r: &Resolved<'_>, t: &Topology) -> Verdict {
-        self.decide_here_after(r, t, false)
-    }
-
-    fn decide_here_after(&self, r: &Resolved<'_>, t: &Topology, orphaned: bool) -> Verdict {
-        let now = self.now();
-        let outcome = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
-            self.decide_owned(k, &r.spec, r.check.request, t, now, orphaned)
-        });
-        self.verdict(
-            r,
-            outcome.decision,
-            self.shared.node_id.clone(),
-            outcome.approximate,
-        )
-    }
-
-    /// Decide here (the owner redirected the caller back to this node),
-    /// pulling the key's state first if it just moved here — or from the
-    /// node it moved to: the rings disagree, and the count comes here whole.
-    pub(super) async fn decide_here_pulling(&self, r: &Resolved<'_>, t: &Topology) -> Verdict {
-        let place = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
-            self.placement(k, t, self.now())
-        });
-        match place {
-            Place::Pull(plan) => self.pull_then_decide(r, plan, t).await,
-            Place::Moved(to) => {
-                self.pull_then_decide(r, PullPlan { from: vec![to] }, t)
-                    .await
-            }
-            Place::Here => self.decide_here(r, t),
+    /// Decide here, as the key's owner.
+    pub(super) fn decide_here(&self, r: &Resolved<'_>, t: &Topology) -> Result<Verdict, Stale> {
+        if r.tiered {
+            return self.tiered_here(r, t);
         }
-    }
-
-    /// Pull the key's state, then decide here.
-    pub(super) async fn pull_then_decide(
-        &self,
-        r: &Resolved<'_>,
-        plan: PullPlan,
-        t: &Topology,
-    ) -> Verdict {
-        let reached = self
-            .pull(&r.check.name, &r.check.unique_key, &r.spec, &plan)
-            .await;
-        self.decide_here_after(r, t, !reached)
-    }
-
-    /// An owner's side of a forward: decide (pulling first if the key just
-    /// moved here), redirect once, or drop if late.
-    pub async fn decide_forwarded(
-        &self,
-        check: &super::Check,
-        spec: &Spec,
-        redirected: bool,
-        deadline: Nanos,
-        ask: Option<&super::Ask>,
-    ) -> Forwarded {
         let now = self.now();
-        if deadline < now {
-            self.shared.metrics.cluster.shed.inc();
-            return Forwarded::Expired;
+        let decision = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
+            self.decide_owned(k, &r.spec, r.check.request, t, now)
+        })?;
+        Ok(self.verdict(r, decision, self.shared.node_id.clone(), false))
+    }
+
+    /// Decide keys this node owns but lacks: take them from the members
+    /// still transferring, then decide each. An item whose key only an
+    /// unreachable member could hold follows `on_owner_unreachable`; one
+    /// whose view changed meanwhile comes back `None` (route it again),
+    /// unless this is the `last` round.
+    pub(super) async fn decide_lacking<'a>(
+        &self,
+        items: Vec<(usize, Resolved<'a>)>,
+        t: &Arc<Topology>,
+        last: bool,
+    ) -> Vec<(usize, Resolved<'a>, Option<Verdict>)> {
+        if items.is_empty() {
+            return Vec::new();
         }
-        let t = self.shared.topology.load_full();
-        let (redirect, plan) = key::with_encoded(&check.name, &check.unique_key, |k| {
-            match t.ring.owner(k) {
-                // A leaving node decides nothing more (a peek changes
-                // nothing): its count is on its way to the new owner.
-                Some(owner)
-                    if owner.node_id != self.shared.node_id
-                        && (!redirected
-                            || (check.request.hits > 0 && t.is_leaving(&self.shared.node_id))) =>
+        let keys: Vec<Vec<u8>> = items
+            .iter()
+            .map(|(_, r)| key::encode(&r.check.name, &r.check.unique_key))
+            .collect();
+        let wait = self.shared.peers.settings().timeout;
+        let taken = self.take_lacking(&keys, t, wait).await;
+        items
+            .into_iter()
+            .zip(keys)
+            .map(|((i, r), k)| {
+                let v = if taken.stale {
+                    None
+                } else if taken.reached_all
+                    || taken.owned.contains(&k)
+                    || self.shared.store.holds_own(&k)
                 {
-                    (Some(owner.node_id.clone()), None)
-                }
-                // Redirected here by a node whose ring names this one.
-                Some(owner) if owner.node_id != self.shared.node_id => {
-                    (None, self.pull_plan(k, &t, now))
-                }
-                _ => match self.placement(k, &t, now) {
-                    // A new owner pulled the key while this ring still names
-                    // this node: send the caller there, even a redirected
-                    // one (this node's count is a copy now).
-                    Place::Moved(to) => (Some(to), None),
-                    Place::Pull(plan) => (None, Some(plan)),
-                    Place::Here => (None, None),
-                },
-            }
-        });
-        if let Some(owner) = redirect {
-            self.shared.metrics.cluster.redirects.inc();
-            return Forwarded::Redirect(owner);
-        }
-        let orphaned = match plan {
-            Some(plan) => !self.pull(&check.name, &check.unique_key, spec, &plan).await,
-            None => false,
-        };
-        let now = self.now();
-        let (o, grant) = key::with_encoded(&check.name, &check.unique_key, |k| {
-            if check.mode == Some(super::Mode::Tiered) {
-                self.decide_reserving(k, spec, check.request, &t, now, orphaned, ask)
-            } else {
-                (
-                    self.decide_owned(k, spec, check.request, &t, now, orphaned),
-                    None,
-                )
-            }
-        });
-        Forwarded::Decided {
-            decision: o.decision,
-            approximate: o.approximate,
-            grant,
-        }
+                    self.decide_here(&r, t).ok()
+                } else {
+                    Some(self.fallback(&r, t, false))
+                };
+                let v = match v {
+                    None if last => Some(self.fallback(&r, t, false)),
+                    v => v,
+                };
+                (i, r, v)
+            })
+            .collect()
     }
 
-    /// Absorb what an edge admitted on a lease, once per `(edge, key, seq)`.
-    pub fn absorb_report(
+    /// Pull `keys` (encoded) from every member of `t`'s view that has not
+    /// said `done`, in parallel, one call each, waiting at most `wait`.
+    pub(super) async fn take_lacking(
         &self,
-        name: &str,
-        unique_key: &str,
-        spec: &Spec,
-        report: &Absorb<'_>,
-    ) -> ReportOutcome {
-        let t = self.shared.topology.load_full();
-        key::with_encoded(name, unique_key, |k| {
-            self.absorb_encoded(k, spec, report, &t)
-        })
-    }
-
-    pub(super) fn absorb_encoded(
-        &self,
-        k: &[u8],
-        spec: &Spec,
-        r: &Absorb<'_>,
+        keys: &[Vec<u8>],
         t: &Topology,
-    ) -> ReportOutcome {
-        if let Some(owner) = t.ring.owner(k)
-            && owner.node_id != self.shared.node_id
-        {
-            return ReportOutcome::NotOwner;
+        wait: Duration,
+    ) -> Taken {
+        let sources = t.incoming.sources();
+        if sources.is_empty() {
+            return Taken {
+                reached_all: true,
+                ..Taken::default()
+            };
         }
-        // A key this node has no state for starts as a decision would: an
-        // orphaned key from what was seen of it, never from a full bucket.
+        let peers = &self.shared.peers;
+        let view = (t.ring.epoch(), t.view);
+        let calls = sources.iter().map(|(node, protocol_3)| async move {
+            let view = protocol_3.then_some(view);
+            (node, peers.pull(node, keys, view, wait).await)
+        });
+        let answers = futures::future::join_all(calls).await;
+        let metrics = &self.shared.metrics.cluster;
+        let counted =
+            |result: &'static str| metrics.pulls.get_or_create(&vec![("result", result)]).inc();
+        let _gate = self.shared.gate.read().unwrap_or_else(|p| p.into_inner());
+        if t.incoming.cancelled() {
+            return Taken {
+                stale: true,
+                ..Taken::default()
+            };
+        }
         let now = self.now();
-        let (seed, until) = self.seed(k, spec, t, now, false);
-        let applied =
-            self.shared
-                .store
-                .absorb_report(k, spec, (r.edge, r.seq, r.hits, r.at), seed, until);
-        let outcome = if applied {
-            ReportOutcome::Applied
-        } else {
-            ReportOutcome::Duplicate
+        let mut taken = Taken {
+            reached_all: true,
+            ..Taken::default()
         };
-        if applied {
-            // Reported hits of a tiered allotment are no longer promised.
-            self.shared.tiers.reported(k, r.edge, r.hits);
+        for (node, answer) in answers {
+            match answer {
+                Ok(Pulled::States(states)) => {
+                    for received in states.into_iter().flatten() {
+                        counted("state");
+                        let holding = if received.copy {
+                            Holding::Copy
+                        } else {
+                            taken.owned.insert(received.key.clone());
+                            Holding::Owned
+                        };
+                        self.shared
+                            .store
+                            .merge(&received.key, received.snapshot, now, holding);
+                    }
+                }
+                Ok(Pulled::Mismatch) => {
+                    counted("mismatch");
+                    taken.reached_all = false;
+                }
+                Err(e) => {
+                    counted("unreachable");
+                    tracing::debug!(peer = %node, error = %e, "pull failed");
+                    taken.reached_all = false;
+                }
+            }
         }
-        let label = if applied { "applied" } else { "duplicate" };
-        self.shared
-            .metrics
-            .cluster
-            .reports
-            .get_or_create(&vec![("outcome", label)])
-            .inc();
-        outcome
+        taken
+    }
+
+    /// An owner's side of a forwarded batch, in one pass: late items are
+    /// dropped, keys another node owns by this node's ring are redirected
+    /// there, lacking keys are taken from the members still transferring
+    /// (one pull each for the batch), then every item is decided.
+    pub async fn decide_forwarded(&self, items: Vec<ForwardedItem>) -> Vec<Forwarded> {
+        let now = self.now();
+        let mut out: Vec<Option<Forwarded>> = vec![None; items.len()];
+        let mut todo = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            if item.deadline < now {
+                self.shared.metrics.cluster.shed.inc();
+                out[i] = Some(Forwarded::Expired);
+            } else {
+                todo.push(i);
+            }
+        }
+        for round in 0..ROUNDS {
+            if todo.is_empty() {
+                break;
+            }
+            let last = round + 1 == ROUNDS;
+            let t = self.shared.topology.load_full();
+            let may_own = self.may_own();
+            let mut lacking = Vec::new();
+            let mut again = Vec::new();
+            for i in todo {
+                let item = &items[i];
+                let route = key::with_encoded(&item.check.name, &item.check.unique_key, |k| {
+                    self.route(k, &t, may_own)
+                });
+                match route {
+                    Route::Forward(owner) => {
+                        self.shared.metrics.cluster.redirects.inc();
+                        out[i] = Some(Forwarded::Redirect(owner));
+                    }
+                    Route::NoOwner => out[i] = Some(Forwarded::Unavailable),
+                    Route::Lacking => lacking.push(i),
+                    Route::Here => match self.decide_item(item, &t) {
+                        Ok(f) => out[i] = Some(f),
+                        Err(Stale) => again.push(i),
+                    },
+                }
+            }
+            if !lacking.is_empty() {
+                let keys: Vec<Vec<u8>> = lacking
+                    .iter()
+                    .map(|&i| key::encode(&items[i].check.name, &items[i].check.unique_key))
+                    .collect();
+                let deadline = lacking.iter().map(|&i| items[i].deadline).min();
+                let wait = Duration::from_nanos(deadline.unwrap_or(now).saturating_sub(self.now()));
+                let taken = self.take_lacking(&keys, &t, wait).await;
+                for (&i, k) in lacking.iter().zip(keys) {
+                    if taken.stale {
+                        again.push(i);
+                    } else if taken.reached_all
+                        || taken.owned.contains(&k)
+                        || self.shared.store.holds_own(&k)
+                    {
+                        match self.decide_item(&items[i], &t) {
+                            Ok(f) => out[i] = Some(f),
+                            Err(Stale) => again.push(i),
+                        }
+                    } else {
+                        // Only a member this node cannot reach could hold
+                        // the count: the edge decides without it.
+                        out[i] = Some(Forwarded::Unavailable);
+                    }
+                }
+            }
+            if last {
+                for i in again.drain(..) {
+                    out[i] = Some(Forwarded::Unavailable);
+                }
+            }
+            todo = again;
+        }
+        out.into_iter()
+            .map(|f| f.unwrap_or(Forwarded::Unavailable))
+            .collect()
+    }
+
+    fn decide_item(&self, item: &ForwardedItem, t: &Topology) -> Result<Forwarded, Stale> {
+        let now = self.now();
+        let (decision, grant) = key::with_encoded(&item.check.name, &item.check.unique_key, |k| {
+            if item.check.mode == Some(Mode::Tiered) {
+                self.decide_reserving(k, &item.spec, item.check.request, t, now, item.ask.as_ref())
+            } else {
+                self.decide_owned(k, &item.spec, item.check.request, t, now)
+                    .map(|d| (d, None))
+            }
+        })?;
+        let reset_gen = key::with_encoded(&item.check.name, &item.check.unique_key, |k| {
+            self.shared.store.reset_gen(k)
+        });
+        Ok(Forwarded::Decided {
+            decision,
+            approximate: false,
+            grant,
+            reset_gen,
+        })
     }
 
     pub(super) fn self_id(&self) -> Arc<str> {

@@ -13,11 +13,12 @@
 //! what the limit leaves.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{Limiter, Path, Resolved, Topology, Verdict};
 use crate::algorithm::{self, Decision, Nanos, Request, Spec};
-use crate::store::{Outcome, key};
+use crate::store::{Seed, Stale, key};
 use crate::tiered::{Allotments, Grant, Ledger, Local, Terms};
 
 /// A slow-path ask, as the owner receives it.
@@ -35,6 +36,8 @@ pub(super) struct Tiers {
     /// an await.
     allotments: Mutex<Allotments>,
     ledgers: Mutex<HashMap<Arc<[u8]>, Ledger>>,
+    /// Ledgers held: while none, an exact decision skips the lookup.
+    ledger_count: AtomicUsize,
     max_keys: usize,
     pub(super) terms: Terms,
     /// Wakes the reporter before its interval: an allotment runs low.
@@ -46,6 +49,7 @@ impl Tiers {
         Tiers {
             allotments: Mutex::new(Allotments::new(max_keys)),
             ledgers: Mutex::new(HashMap::new()),
+            ledger_count: AtomicUsize::new(0),
             max_keys: max_keys.max(1),
             terms,
             report_soon: Arc::new(tokio::sync::Notify::new()),
@@ -64,6 +68,29 @@ impl Tiers {
     /// own their keys).
     pub(super) fn forget_allotments(&self) {
         self.allotments().forget();
+    }
+
+    /// Whether `key` has a ledger here: promises an exact decision must
+    /// leave room for.
+    pub(super) fn has_ledger(&self, key: &[u8]) -> bool {
+        self.ledger_count.load(Ordering::Relaxed) > 0 && self.ledgers().contains_key(key)
+    }
+
+    /// Drop every ledger (this node rejoined: what it promised was
+    /// folded into counts that are elsewhere now).
+    pub(super) fn forget_ledgers(&self) {
+        let mut ledgers = self.ledgers();
+        ledgers.clear();
+        self.ledger_count.store(0, Ordering::Relaxed);
+    }
+
+    /// Drop a key's ledger and allotment (an admin reset).
+    pub(super) fn forget_key(&self, key: &[u8]) {
+        let mut ledgers = self.ledgers();
+        ledgers.remove(key);
+        self.ledger_count.store(ledgers.len(), Ordering::Relaxed);
+        drop(ledgers);
+        self.allotments().forget_key(key);
     }
 
     /// Tokens this edge holds in allotments, and this owner has promised.
@@ -114,9 +141,16 @@ impl Limiter {
     pub(super) fn fold_promises(&self, k: &[u8]) {
         let now = self.now();
         let terms = self.tiers().terms;
-        let reserved = match self.tiers().ledgers().remove(k) {
-            Some(l) => l.reserved(now, &terms),
-            None => return,
+        let reserved = {
+            let mut ledgers = self.tiers().ledgers();
+            let removed = ledgers.remove(k);
+            self.tiers()
+                .ledger_count
+                .store(ledgers.len(), Ordering::Relaxed);
+            match removed {
+                Some(l) => l.reserved(now, &terms),
+                None => return,
+            }
         };
         if reserved == 0 {
             return;
@@ -124,13 +158,17 @@ impl Limiter {
         let Some(view) = self.shared.store.inspect(k, now) else {
             return;
         };
-        self.shared.store.absorb_report(
-            k,
-            &view.spec,
-            ("(tiered promises)", now, reserved, now),
-            crate::store::Seed::Fresh,
-            0,
-        );
+        let report = crate::store::Report {
+            edge: "(tiered promises)",
+            seq: now,
+            hits: reserved,
+            at: now,
+            reset_gen: None,
+        };
+        let _ = self
+            .shared
+            .store
+            .absorb_report(k, &view.spec, &report, None);
     }
 
     /// An edge's tiered check on a key `owner` owns: decided here from the
@@ -237,27 +275,27 @@ impl Limiter {
     /// ledger by the same rule — or it would see every refill first and
     /// take it before any edge asked. What it spends goes into the state at
     /// once (its "report" has no lag).
-    pub(super) fn tiered_here(&self, r: &Resolved<'_>, t: &Topology) -> Verdict {
+    pub(super) fn tiered_here(&self, r: &Resolved<'_>, t: &Topology) -> Result<Verdict, Stale> {
         let now = self.now();
         let me = self.shared.node_id.clone();
         let req = r.check.request;
-        let o = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
+        let decision = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
             let local = self.tiers().allotments().spend(k, req.hits, now);
             match local {
                 Local::Admitted { .. } => {
-                    let o = self.decide_owned(k, &r.spec, req, t, now, false);
-                    if o.decision.reason == algorithm::Reason::WithinLimit {
+                    let d = self.decide_unreserved(k, &r.spec, req, t, now)?;
+                    if d.reason == algorithm::Reason::WithinLimit {
                         self.tiers().reported(k, &me, req.hits);
                     }
-                    o
+                    Ok(d)
                 }
                 Local::Refused { retry_after } => {
                     let peek = Request { hits: 0, ..req };
-                    let mut o = self.decide_owned(k, &r.spec, peek, t, now, false);
-                    o.decision.reason = algorithm::Reason::LimitExceeded;
-                    o.decision.remaining = 0;
-                    o.decision.retry_after = Some(retry_after);
-                    o
+                    let mut d = self.decide_unreserved(k, &r.spec, peek, t, now)?;
+                    d.reason = algorithm::Reason::LimitExceeded;
+                    d.remaining = 0;
+                    d.retry_after = Some(retry_after);
+                    Ok(d)
                 }
                 Local::Ask { demand, unused } => {
                     let ask = Ask {
@@ -265,8 +303,7 @@ impl Limiter {
                         demand,
                         unused,
                     };
-                    let (o, grant) =
-                        self.decide_reserving(k, &r.spec, req, t, now, false, Some(&ask));
+                    let (d, grant) = self.decide_reserving(k, &r.spec, req, t, now, Some(&ask))?;
                     if let Some((amount, ttl)) = grant {
                         let grant = Grant {
                             amount,
@@ -274,11 +311,26 @@ impl Limiter {
                         };
                         self.tiers().allotments().granted(k, grant, now);
                     }
-                    o
+                    Ok(d)
                 }
             }
-        });
-        self.verdict(r, o.decision, me, o.approximate)
+        })?;
+        Ok(self.verdict(r, decision, me, false))
+    }
+
+    /// The store's decision, with no regard for promises (the caller has
+    /// accounted for them).
+    fn decide_unreserved(
+        &self,
+        k: &[u8],
+        spec: &Spec,
+        req: Request,
+        t: &Topology,
+        now: Nanos,
+    ) -> Result<Decision, Stale> {
+        self.shared
+            .store
+            .decide_fenced(k, spec, req, now, Seed::Fresh, Some(t.view))
     }
 
     /// The owner's tiered decision: take back what the asking edge did not
@@ -286,7 +338,6 @@ impl Limiter {
     /// promises, then grant the edge its next allotment. An ask from an
     /// edge just told "nothing" (sent before it heard) is refused without a
     /// grant. The grant is `(amount, ttl)`.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn decide_reserving(
         &self,
         k: &[u8],
@@ -294,9 +345,8 @@ impl Limiter {
         req: Request,
         t: &Topology,
         now: Nanos,
-        orphaned: bool,
         ask: Option<&Ask>,
-    ) -> (Outcome, Option<(u64, Nanos)>) {
+    ) -> Result<(Decision, Option<(u64, Nanos)>), Stale> {
         let tiers = self.tiers();
         let terms = tiers.terms;
         let mut ledgers = tiers.ledgers();
@@ -320,28 +370,46 @@ impl Limiter {
             drain_over_limit: false,
             nodelay: true,
         };
-        let seen = self.decide_owned(k, spec, peek, t, now, orphaned);
-        let outcome = if req.hits > 0
-            && (waiting || seen.decision.remaining < req.hits.saturating_add(reserved))
-        {
-            // Within the limit, but not within what the promises leave.
-            let mut refused = seen;
-            refused.decision.reason = if req.hits > spec.capacity() {
-                algorithm::Reason::CostExceedsCapacity
-            } else {
-                algorithm::Reason::LimitExceeded
-            };
-            refused.decision.retry_after = None;
-            refused
-        } else {
-            self.decide_owned(k, spec, req, t, now, orphaned)
+        let finish = |ledgers: &mut HashMap<Arc<[u8]>, Ledger>| {
+            if !room {
+                ledgers.remove(k);
+            }
+            tiers.ledger_count.store(ledgers.len(), Ordering::Relaxed);
         };
+        let seen = match self.decide_unreserved(k, spec, peek, t, now) {
+            Ok(d) => d,
+            Err(stale) => {
+                finish(&mut ledgers);
+                return Err(stale);
+            }
+        };
+        let decision =
+            if req.hits > 0 && (waiting || seen.remaining < req.hits.saturating_add(reserved)) {
+                // Within the limit, but not within what the promises leave.
+                let mut refused = seen;
+                refused.reason = if req.hits > spec.capacity() {
+                    algorithm::Reason::CostExceedsCapacity
+                } else {
+                    algorithm::Reason::LimitExceeded
+                };
+                refused.retry_after = None;
+                refused
+            } else {
+                match self.decide_unreserved(k, spec, req, t, now) {
+                    Ok(d) => d,
+                    Err(stale) => {
+                        finish(&mut ledgers);
+                        return Err(stale);
+                    }
+                }
+            };
+        let ledger = ledgers.entry(Arc::from(k)).or_default();
         let grant = match ask {
             Some(ask) if room && !waiting => {
                 let g = ledger.grant(
                     &ask.edge,
                     ask.demand,
-                    outcome.decision.remaining,
+                    decision.remaining,
                     t.size.max(1),
                     now,
                     &terms,
@@ -353,9 +421,7 @@ impl Limiter {
             }
             _ => None,
         };
-        if !room {
-            ledgers.remove(k);
-        }
-        (outcome, grant)
+        finish(&mut ledgers);
+        Ok((decision, grant))
     }
 }

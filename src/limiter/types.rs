@@ -81,17 +81,23 @@ impl Path {
 /// What an owner does with a forwarded item.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Forwarded {
-    /// Decided; `approximate` when the key was seeded from an estimate.
+    /// Decided by this node, the key's owner.
     Decided {
         decision: Decision,
         approximate: bool,
         /// Tiered mode: the asking edge's next allotment, `(amount, ttl)`.
         grant: Option<(u64, crate::algorithm::Nanos)>,
+        /// The key's reset generation here (edges report under it).
+        reset_gen: u64,
     },
     /// Not the owner by this node's ring: this node is.
     Redirect(Arc<str>),
     /// Arrived past its deadline: dropped, nothing consumed.
     Expired,
+    /// This node cannot decide it now (not ready, away, or only a member it
+    /// cannot reach could hold the count): nothing consumed; the edge
+    /// decides without the owner.
+    Unavailable,
 }
 
 /// The answer's status (DESIGN §5).
@@ -196,6 +202,32 @@ pub enum ReportOutcome {
     Duplicate,
     /// Not this node's key: the edge sends it to the owner.
     NotOwner,
+    /// Not yet: the key is still coming to this node from its previous
+    /// holders (or this node may own nothing right now). Resent later; not
+    /// a failure.
+    Retry,
+    /// Spent before the key's last reset: dropped.
+    Stale,
+}
+
+impl ReportOutcome {
+    pub fn name(self) -> &'static str {
+        match self {
+            ReportOutcome::Applied => "applied",
+            ReportOutcome::Duplicate => "duplicate",
+            ReportOutcome::NotOwner => "not_owner",
+            ReportOutcome::Retry => "retry",
+            ReportOutcome::Stale => "stale",
+        }
+    }
+
+    /// The edge may forget the report.
+    pub fn acknowledged(self) -> bool {
+        matches!(
+            self,
+            ReportOutcome::Applied | ReportOutcome::Duplicate | ReportOutcome::Stale
+        )
+    }
 }
 
 /// One lease report, as the owner absorbs it.
@@ -206,6 +238,9 @@ pub struct Absorb<'a> {
     /// Grows with every report the edge cuts.
     pub seq: u64,
     pub hits: u64,
-    /// When the last of the hits was admitted.
+    /// When the last of the hits was admitted (the edge's clock).
     pub at: crate::algorithm::Nanos,
+    /// The key's reset generation the edge spent under (None from a
+    /// protocol-2 edge).
+    pub reset_gen: Option<u64>,
 }

@@ -118,40 +118,14 @@ impl Node {
                     }
                     None => None,
                 },
+                bounds: Bounds {
+                    max_log_entries: config.limits.max_log_entries,
+                },
             },
             metrics.cluster.clone(),
             faults.clone(),
         );
         let policy_hash = policies.hash();
-        let leases = Leases::new(cluster.lease_max_keys, boot_nanos());
-        let limiter = Limiter::new(Parts {
-            node_id: config.node_id.clone(),
-            store,
-            policies,
-            clock,
-            metrics,
-            peers: Some(peers),
-            leases,
-            settings: ClusterSettings {
-                ownership_grace: cluster.ownership_grace.as_nanos() as u64,
-                protocol: cluster.peer_protocol,
-                tiered: crate::tiered::Terms {
-                    ttl: cluster.tiered_allotment_ttl.as_nanos() as u64,
-                    // Reports of an allotment's last hits may take a few
-                    // report rounds to arrive: keep it reserved that long.
-                    grace: (cluster.report_interval * 3 + cluster.forward_timeout).as_nanos()
-                        as u64,
-                    max_edges: 1_024,
-                    memory: (cluster.tiered_allotment_ttl * 8)
-                        .max(Duration::from_secs(1))
-                        .as_nanos() as u64,
-                },
-                tiered_max_keys: cluster.lease_max_keys,
-            },
-            bounds: Bounds {
-                max_log_entries: config.limits.max_log_entries,
-            },
-        });
         let shutdown = CancellationToken::new();
         let ready = Arc::new(AtomicBool::new(false));
         let mut tasks = JoinSet::new();
@@ -211,8 +185,38 @@ impl Node {
             grpc_advertise,
             policy_hash,
             faults: faults.clone(),
-            protocol: cluster.peer_protocol,
+            protocol: crate::proto::PEER_PROTOCOL_VERSION,
         })?;
+        let leases = Leases::new(cluster.lease_max_keys, boot_nanos());
+        let limiter = Limiter::new(Parts {
+            node_id: config.node_id.clone(),
+            store,
+            policies,
+            clock,
+            metrics,
+            peers,
+            leases,
+            presence: membership.presence(),
+            nudge: {
+                let membership = membership.clone();
+                Arc::new(move |node: &str| membership.gossip_with(node))
+            },
+            settings: ClusterSettings {
+                handoff_timeout: cluster.handoff_timeout,
+                tiered: crate::tiered::Terms {
+                    ttl: cluster.tiered_allotment_ttl.as_nanos() as u64,
+                    // Reports of an allotment's last hits may take a few
+                    // report rounds to arrive: keep it reserved that long.
+                    grace: (cluster.report_interval * 3 + cluster.forward_timeout).as_nanos()
+                        as u64,
+                    max_edges: 1_024,
+                    memory: (cluster.tiered_allotment_ttl * 8)
+                        .max(Duration::from_secs(1))
+                        .as_nanos() as u64,
+                },
+                tiered_max_keys: cluster.lease_max_keys,
+            },
+        });
         tasks.spawn(follow_ring(
             membership.clone(),
             limiter.clone(),
@@ -247,7 +251,6 @@ impl Node {
             secret.clone(),
             bounds,
             cluster.batch_max_items.max(1_000),
-            cluster.peer_protocol,
         );
         let admin = AdminService::new(limiter.clone(), membership.clone());
         let resources = limiter.metrics().resources.clone();
@@ -338,38 +341,12 @@ impl Node {
                 shutdown.clone(),
             )?);
         }
-        if !cluster.seeds.is_empty() {
-            // Join before owning anything: a node that turned ready before
-            // it saw its peers would own every key alone, from nothing.
-            // Bounded, since the first node of a cluster has no one to see.
-            let wait = (cluster.gossip_interval * 10)
-                .clamp(Duration::from_secs(1), Duration::from_secs(5));
-            let mut views = membership.watch();
-            let deadline = tokio::time::Instant::now() + wait;
-            let seen = tokio::time::timeout_at(
-                deadline,
-                views.wait_for(|v| v.members.iter().any(|m| m.node_id != v.self_id)),
-            )
-            .await
-            .is_ok();
-            if !seen {
-                tracing::info!(?wait, "no peer seen; starting as the first node");
-            } else {
-                // Gossip brings the other members in one by one: wait until
-                // the view holds still for a few rounds (bounded by the same
-                // deadline), or this node's first rings are partial and it
-                // would pull keys from nodes that never had them.
-                let quiet = cluster.gossip_interval * 3;
-                while tokio::time::Instant::now() < deadline {
-                    let until = deadline.min(tokio::time::Instant::now() + quiet);
-                    match tokio::time::timeout_at(until, views.changed()).await {
-                        Ok(Ok(())) => continue,
-                        _ => break,
-                    }
-                }
-            }
-        }
-        membership.set_state(Lifecycle::Ready).await;
+        // Join before owning anything (see `Membership::join`).
+        membership.join().await;
+        // Serve as ready once the limiter follows the view that holds it.
+        limiter
+            .adopted(membership.view().ring.epoch(), Duration::from_secs(2))
+            .await;
         ready.store(true, Ordering::SeqCst);
         tracing::info!(%grpc_addr, %http_addr, %gossip_addr, node_id = %config.node_id, "serving");
         Ok(Node {
@@ -389,18 +366,34 @@ impl Node {
     }
 
     /// Leave gracefully: announce `leaving` (peers drop this node from their
-    /// rings at once, and pull from it what they need first), keep answering
-    /// for the grace period, hand every key to its new owner and wait for
-    /// confirmation (bounded), then stop everything.
+    /// rings at once and ask it for their keys), keep answering — sending
+    /// callers to the new owners — until every new owner has taken its keys
+    /// (at least `leave_grace`, at most `handoff_timeout`), push what was
+    /// not taken, send the last lease reports, then stop everything.
     pub async fn leave(self) {
         self.ready.store(false, Ordering::SeqCst);
         self.membership.set_state(Lifecycle::Leaving).await;
-        tokio::time::sleep(self.leave_grace).await;
-        let handoff = self.limiter.hand_off(self.handoff_timeout).await;
+        let started = tokio::time::Instant::now();
+        let grace = started + self.leave_grace;
+        let deadline = started + self.handoff_timeout.max(self.leave_grace);
+        tokio::time::sleep_until(grace).await;
+        while tokio::time::Instant::now() < deadline && !self.limiter.delivered() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let within = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let handoff = self
+            .limiter
+            .hand_off(within.max(Duration::from_millis(500)))
+            .await;
+        let acked = self.limiter.flush_reports().await;
+        self.membership.announce_left().await;
         tracing::info!(
-            keys = handoff.keys,
+            taken = self.limiter.delivered(),
+            pushed = handoff.keys,
             confirmed = handoff.confirmed,
-            "handed off"
+            reports = acked,
+            unreported = self.limiter.leases().unreported(),
+            "left"
         );
         self.stop().await;
     }
@@ -409,7 +402,9 @@ impl Node {
     /// from their failure detectors).
     pub async fn kill(self) {
         self.ready.store(false, Ordering::SeqCst);
-        self.membership.shutdown();
+        let membership = self.membership.clone();
+        // Joining the gossip thread blocks: do it off the runtime's workers.
+        let _ = tokio::task::spawn_blocking(move || membership.shutdown()).await;
         self.stop().await;
     }
 
@@ -495,6 +490,8 @@ fn boot_millis() -> u64 {
 /// the figures to the metrics.
 async fn follow_ring(membership: Membership, limiter: Limiter, token: CancellationToken) {
     let mut views = membership.watch();
+    let mut progress = tokio::time::interval(Duration::from_millis(500));
+    progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let view: Arc<ClusterView> = views.borrow_and_update().clone();
         limiter.set_view(&view);
@@ -507,9 +504,13 @@ async fn follow_ring(membership: Membership, limiter: Limiter, token: Cancellati
         }
         m.ring_epoch.set((view.ring.epoch() >> 1) as i64);
         m.size.set(view.size as i64);
-        tokio::select! {
-            _ = token.cancelled() => return,
-            changed = views.changed() => if changed.is_err() { return },
+        loop {
+            tokio::select! {
+                _ = token.cancelled() => return,
+                changed = views.changed() => if changed.is_err() { return } else { break },
+                // The transfer's progress between views.
+                _ = progress.tick() => limiter.export_transfer(),
+            }
         }
     }
 }

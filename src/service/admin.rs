@@ -63,8 +63,12 @@ impl Admin for AdminService {
         request: Request<pb::ResetKeyRequest>,
     ) -> Result<Response<pb::ResetKeyResponse>, Status> {
         let key = key_ref(request.into_inner().key)?;
-        let existed = self.limiter.reset(&key.name, &key.unique_key);
-        tracing::info!(name = %key.name, unique_key = %key.unique_key, existed, "admin reset");
+        // At the key's owner, wherever it is asked.
+        let existed = self
+            .limiter
+            .reset(&key.name, &key.unique_key)
+            .await
+            .map_err(|e| Status::unavailable(format!("reset not made: {e}")))?;
         Ok(Response::new(pb::ResetKeyResponse { existed }))
     }
 

@@ -66,7 +66,9 @@ async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
 }
 
 async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
-    if s.ready.load(Ordering::SeqCst) {
+    // Ready means ready: serving, and this node may own keys (joined, and
+    // not back from being away until it rejoined).
+    if s.ready.load(Ordering::SeqCst) && s.limiter.presence().is_ready() {
         (StatusCode::OK, "ready\n")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")

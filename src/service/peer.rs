@@ -1,63 +1,56 @@
-//! `sluice.peer.v1.Peer`: the owner's side of a forward. Authenticated when a
+//! `sluice.peer.v1.Peer`: what nodes ask each other. Authenticated when a
 //! cluster secret is set; converts, asks the limiter, converts back.
+
+use std::time::Duration;
 
 use tonic::{Request, Response, Status};
 
 use crate::algorithm::{Bounds, Request as Cost};
 use crate::cluster::auth::{Secret, TOKEN_HEADER};
 use crate::cluster::wire;
-use crate::limiter::{Absorb, Ask, Check, Forwarded, LimitRef, Limiter, Mode, ReportOutcome};
+use crate::limiter::{
+    Absorb, Ask, Check, Forwarded, ForwardedItem, LimitRef, Limiter, Mode, ReportOutcome,
+};
 use crate::proto::PEER_PROTOCOL_VERSION;
 use crate::proto::peer as pb;
 use crate::proto::peer::peer_server::Peer;
+use crate::store::key;
 
 pub struct PeerService {
     limiter: Limiter,
     secret: Secret,
     bounds: Bounds,
     max_items: usize,
-    /// The protocol this node speaks: below 2 it answers `Sync` and `Pull`
-    /// as a previous version would (unimplemented).
-    protocol: u32,
 }
 
 impl PeerService {
-    pub fn new(
-        limiter: Limiter,
-        secret: Secret,
-        bounds: Bounds,
-        max_items: usize,
-        protocol: u32,
-    ) -> PeerService {
+    pub fn new(limiter: Limiter, secret: Secret, bounds: Bounds, max_items: usize) -> PeerService {
         PeerService {
             limiter,
             secret,
             bounds,
             max_items,
-            protocol,
         }
     }
 
-    fn protocol_2(&self) -> Result<(), Status> {
-        if self.protocol < 2 {
-            return Err(Status::unimplemented("this node speaks peer protocol 1"));
-        }
-        Ok(())
-    }
-
-    async fn answer(&self, item: &pb::ForwardItem, from: &str) -> pb::forward_result::Result {
-        use pb::forward_result::Result as R;
+    /// A forwarded item as the limiter takes it, or why it is invalid.
+    fn item(
+        &self,
+        item: &pb::ForwardItem,
+        from: &str,
+        received: u64,
+    ) -> Result<ForwardedItem, String> {
         let spec = match item
             .limit
             .as_ref()
             .map(|l| wire::limit_from_wire(l, &self.bounds))
         {
             Some(Ok(spec)) => spec,
-            Some(Err(e)) => return R::Error(e),
-            None => return R::Error("limit: required".into()),
+            Some(Err(e)) => return Err(e),
+            None => return Err("limit: required".into()),
         };
         if item.name.is_empty() || item.unique_key.is_empty() {
-            return R::Error("name and unique_key must not be empty".into());
+            return Err("name and unique_key must not be empty".into());
         }
         let check = Check {
             name: item.name.clone(),
@@ -77,35 +70,21 @@ impl PeerService {
             demand: a.demand,
             unused: a.unused,
         });
-        match self
-            .limiter
-            .decide_forwarded(
-                &check,
-                &spec,
-                item.redirected,
-                item.deadline_ns,
-                ask.as_ref(),
-            )
-            .await
-        {
-            Forwarded::Decided {
-                decision,
-                approximate,
-                grant,
-            } => {
-                let mut d = wire::decision_to_wire(&decision, self.limiter.node_id(), approximate);
-                d.grant = grant.map(|(amount, ttl_ns)| pb::Grant { amount, ttl_ns });
-                R::Decision(d)
-            }
-            Forwarded::Redirect(node_id) => R::Redirect(pb::Redirect {
-                node_id: node_id.to_string(),
-            }),
-            Forwarded::Expired => R::Expired(pb::Expired {}),
-        }
+        // A protocol-3 edge sends how long it still waits (its clock and
+        // this node's need not agree); a protocol-2 edge, its deadline.
+        let deadline = if item.budget_ns > 0 {
+            received.saturating_add(item.budget_ns)
+        } else {
+            item.deadline_ns
+        };
+        Ok(ForwardedItem {
+            check,
+            spec,
+            deadline,
+            ask,
+        })
     }
-}
 
-impl PeerService {
     /// Refuse calls without a valid peer token (when a secret is set), from
     /// a protocol more than one version apart, or with too many items.
     fn admit<T>(&self, request: &Request<T>, version: u32, items: usize) -> Result<(), Status> {
@@ -147,6 +126,7 @@ impl PeerService {
             seq: item.seq,
             hits: item.hits,
             at: item.at_ns,
+            reset_gen: item.reset_gen,
         };
         let outcome = self
             .limiter
@@ -155,7 +135,31 @@ impl PeerService {
             ReportOutcome::Applied => pb::ReportOutcome::Applied,
             ReportOutcome::Duplicate => pb::ReportOutcome::Duplicate,
             ReportOutcome::NotOwner => pb::ReportOutcome::NotOwner,
+            ReportOutcome::Retry => pb::ReportOutcome::Retry,
+            ReportOutcome::Stale => pb::ReportOutcome::Stale,
         }
+    }
+}
+
+fn forwarded_to_wire(f: Forwarded, owner: &str) -> pb::forward_result::Result {
+    use pb::forward_result::Result as R;
+    match f {
+        Forwarded::Decided {
+            decision,
+            approximate,
+            grant,
+            reset_gen,
+        } => {
+            let mut d = wire::decision_to_wire(&decision, owner, approximate);
+            d.grant = grant.map(|(amount, ttl_ns)| pb::Grant { amount, ttl_ns });
+            d.reset_gen = reset_gen;
+            R::Decision(d)
+        }
+        Forwarded::Redirect(node_id) => R::Redirect(pb::Redirect {
+            node_id: node_id.to_string(),
+        }),
+        Forwarded::Expired => R::Expired(pb::Expired {}),
+        Forwarded::Unavailable => R::Unavailable(pb::Unavailable {}),
     }
 }
 
@@ -170,16 +174,34 @@ impl Peer for PeerService {
             request.get_ref().protocol_version,
             request.get_ref().items.len(),
         )?;
+        let received = self.limiter.now();
         let r = request.into_inner();
-        let mut results = Vec::with_capacity(r.items.len());
-        for item in &r.items {
-            results.push(pb::ForwardResult {
-                result: Some(self.answer(item, &r.from_node).await),
-            });
+        let mut results: Vec<Option<pb::forward_result::Result>> = vec![None; r.items.len()];
+        let mut valid = Vec::with_capacity(r.items.len());
+        let mut at = Vec::with_capacity(r.items.len());
+        for (i, item) in r.items.iter().enumerate() {
+            match self.item(item, &r.from_node, received) {
+                Ok(item) => {
+                    valid.push(item);
+                    at.push(i);
+                }
+                Err(e) => results[i] = Some(pb::forward_result::Result::Error(e)),
+            }
+        }
+        let owner = self.limiter.node_id().clone();
+        for (i, f) in at
+            .into_iter()
+            .zip(self.limiter.decide_forwarded(valid).await)
+        {
+            results[i] = Some(forwarded_to_wire(f, &owner));
         }
         Ok(Response::new(pb::ForwardResponse {
             ring_epoch: self.limiter.ring().epoch(),
-            results,
+            results: results
+                .into_iter()
+                .map(|result| pb::ForwardResult { result })
+                .collect(),
+            now_ns: self.limiter.now(),
         }))
     }
 
@@ -205,14 +227,13 @@ impl Peer for PeerService {
         &self,
         request: Request<pb::SyncRequest>,
     ) -> Result<Response<pb::SyncResponse>, Status> {
-        self.protocol_2()?;
         self.admit(
             &request,
             request.get_ref().protocol_version,
             request.get_ref().states.len(),
         )?;
         let r = request.into_inner();
-        let kind = pb::SyncKind::try_from(r.kind)
+        pb::SyncKind::try_from(r.kind)
             .map_err(|_| Status::invalid_argument(format!("kind: unknown value {}", r.kind)))?;
         // All or nothing: a batch with one bad state merges none of it.
         let states = r
@@ -226,7 +247,7 @@ impl Peer for PeerService {
             .collect::<Result<Vec<_>, _>>()?;
         let merged = states.len() as u32;
         for (key, snapshot) in states {
-            self.limiter.merge_snapshot(&key, snapshot, kind);
+            self.limiter.merge_snapshot(&key, snapshot);
         }
         Ok(Response::new(pb::SyncResponse { merged }))
     }
@@ -235,7 +256,6 @@ impl Peer for PeerService {
         &self,
         request: Request<pb::PullRequest>,
     ) -> Result<Response<pb::PullResponse>, Status> {
-        self.protocol_2()?;
         self.admit(
             &request,
             request.get_ref().protocol_version,
@@ -245,14 +265,100 @@ impl Peer for PeerService {
         if r.from_node.is_empty() {
             return Err(Status::invalid_argument("from_node: required"));
         }
-        let keys: Vec<(String, String)> =
-            r.keys.into_iter().map(|k| (k.name, k.unique_key)).collect();
-        let results = self
-            .limiter
-            .pulled_by(&r.from_node, &keys)
-            .into_iter()
-            .map(|state| pb::PullResult { state })
+        let keys: Vec<Vec<u8>> = r
+            .keys
+            .iter()
+            .map(|k| key::encode(&k.name, &k.unique_key))
             .collect();
-        Ok(Response::new(pb::PullResponse { results }))
+        // Protocol 3 names the puller's ring; protocol 2 does not.
+        let epoch = (r.protocol_version >= 3).then_some(r.ring_epoch);
+        let wait = Duration::from_nanos(r.wait_ns);
+        let taken = self
+            .limiter
+            .pulled_by(&r.from_node, &keys, epoch, wait)
+            .await
+            .map_err(Status::unavailable)?;
+        let Some(taken) = taken else {
+            return Ok(Response::new(pb::PullResponse {
+                results: Vec::new(),
+                mismatch: true,
+            }));
+        };
+        let results = keys
+            .iter()
+            .zip(taken)
+            .map(|(k, state)| pb::PullResult {
+                state: state.and_then(|(s, copy)| {
+                    let mut w = wire::snapshot_to_wire(k, &s)?;
+                    w.copy = copy;
+                    Some(w)
+                }),
+            })
+            .collect();
+        Ok(Response::new(pb::PullResponse {
+            results,
+            mismatch: false,
+        }))
+    }
+
+    async fn transfer(
+        &self,
+        request: Request<pb::TransferRequest>,
+    ) -> Result<Response<pb::TransferPage>, Status> {
+        self.admit(&request, request.get_ref().protocol_version, 0)?;
+        let r = request.into_inner();
+        if r.from_node.is_empty() {
+            return Err(Status::invalid_argument("from_node: required"));
+        }
+        let page = self
+            .limiter
+            .transfer_page(
+                &r.from_node,
+                r.ring_epoch,
+                r.cursor,
+                Duration::from_nanos(r.wait_ns),
+            )
+            .await;
+        let states = page
+            .states
+            .iter()
+            .filter_map(|(k, s, copy)| {
+                let mut w = wire::snapshot_to_wire(k, s)?;
+                w.copy = *copy;
+                Some(w)
+            })
+            .collect();
+        Ok(Response::new(pb::TransferPage {
+            states,
+            next: page.next,
+            done: page.done,
+            mismatch: page.mismatch,
+        }))
+    }
+
+    async fn reset(
+        &self,
+        request: Request<pb::ResetRequest>,
+    ) -> Result<Response<pb::ResetResponse>, Status> {
+        self.admit(&request, request.get_ref().protocol_version, 0)?;
+        let r = request.into_inner();
+        if r.name.is_empty() || r.unique_key.is_empty() {
+            return Err(Status::invalid_argument(
+                "name and unique_key must not be empty",
+            ));
+        }
+        match self.limiter.reset_here(&r.name, &r.unique_key).await {
+            Ok(existed) => Ok(Response::new(pb::ResetResponse {
+                existed,
+                redirect: String::new(),
+            })),
+            Err(Some(owner)) => Ok(Response::new(pb::ResetResponse {
+                existed: false,
+                redirect: owner.to_string(),
+            })),
+            Err(None) => Err(Status::unavailable(
+                "this node cannot decide the key now (not ready, or its holders are unreachable)",
+            )),
+        }
     }
 }

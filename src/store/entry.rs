@@ -27,20 +27,15 @@ pub struct Entry {
     /// number, so a retried report is never counted twice. One slot per
     /// edge that reported this key: bounded by the cluster's size.
     reports: Vec<(Arc<str>, u64)>,
-    /// Until this time, answers for this key are approximate: it was seeded
-    /// from what an edge saw, not from the owner's own count.
-    approximate_until: Nanos,
     /// In the store's replication queue (so it is queued once).
     queued: bool,
-    /// A new owner pulled this key (node, until when): this node no longer
-    /// decides it but sends its callers there, so two owners never count
-    /// one key apart while their rings disagree.
-    moved: Option<(Arc<str>, Nanos)>,
-    /// A copy of a count kept elsewhere: a replica held for its owner, or
-    /// a key this node pulled away or handed off. Another node may have
-    /// counted past it, so if the key comes back to this node it pulls the
-    /// current state before deciding on it (a max-merge afterwards would
-    /// lose one side's increments). Cleared when this node counts as owner.
+    /// A copy of a count kept elsewhere: a replica held for its owner, a
+    /// state merged from a peer, or a key this node passed on to a new
+    /// owner (marked in the same lock step as the snapshot it sent). Another
+    /// node may have counted past it, so a node that owns the key again
+    /// takes the current state from the others before deciding on it (a
+    /// max-merge afterwards would lose one side's increments). Cleared when
+    /// this node counts as owner.
     copy: bool,
 }
 
@@ -55,6 +50,23 @@ pub struct Snapshot {
     pub version: u64,
     pub state: State,
     pub reports: Vec<(Arc<str>, u64)>,
+}
+
+impl Snapshot {
+    /// About how many bytes this snapshot takes on the wire (pages and
+    /// batches are bounded by it).
+    pub fn approx_bytes(&self) -> usize {
+        let state = match &self.state {
+            State::SlidingWindowLog(log) => 16 * log.entries().count(),
+            _ => 32,
+        };
+        64 + state
+            + self
+                .reports
+                .iter()
+                .map(|(edge, _)| edge.len() + 12)
+                .sum::<usize>()
+    }
 }
 
 /// A read-only view of an entry, for admin answers.
@@ -90,9 +102,7 @@ impl Entry {
             last_seen: now,
             referenced: true,
             reports: Vec::new(),
-            approximate_until: 0,
             queued: false,
-            moved: None,
             copy: false,
         }
     }
@@ -125,11 +135,15 @@ impl Entry {
             return;
         }
         if other.reset_gen > self.reset_gen {
+            // A reset elsewhere: its state replaces this one — but this
+            // entry stays what it was here (a copy stays a copy: a merge
+            // never makes a node the owner of a count).
             *self = Entry {
                 hits: self.hits,
                 refusals: self.refusals,
                 last_seen: self.last_seen,
                 queued: self.queued,
+                copy: self.copy,
                 ..Entry::from_snapshot(other, now)
             };
             return;
@@ -157,25 +171,12 @@ impl Entry {
         }
     }
 
-    /// Whom this key moved to, if a new owner pulled it before `now`'s
-    /// mark ran out.
-    pub fn moved_to(&self, now: Nanos) -> Option<&Arc<str>> {
-        self.moved
-            .as_ref()
-            .filter(|(_, until)| now < *until)
-            .map(|(to, _)| to)
-    }
-
-    /// A new owner pulled this key: send its callers there until `until`.
-    pub fn mark_moved(&mut self, to: Arc<str>, until: Nanos) {
-        self.moved = Some((to, until));
-        self.copy = true;
-    }
-
-    /// This node owns the key again (it was handed back or pulled here).
-    pub fn own(&mut self) {
-        self.moved = None;
-        self.copy = false;
+    /// Pass the count on: mark this entry a copy and return its snapshot,
+    /// in one step (the caller holds the entry's lock), and whether it was
+    /// this node's own count until now.
+    pub fn take(&mut self) -> (Snapshot, bool) {
+        let was_own = !std::mem::replace(&mut self.copy, true);
+        (self.snapshot(), was_own)
     }
 
     /// The count now lives elsewhere (see the `copy` field).
@@ -206,10 +207,23 @@ impl Entry {
         self.queued = false;
     }
 
-    /// Replace the state by one that has consumed `tokens` at `at` (an
-    /// authoritative figure seen from elsewhere).
-    pub fn observe(&mut self, spec: Spec, tokens: u64, at: Nanos) {
-        self.limited = Limited::seeded(spec, tokens, at);
+    /// Take in an authoritative figure seen from elsewhere: `tokens`
+    /// consumed at `at` under `reset_gen` (an owner's answer, at an edge).
+    /// A newer reset generation replaces the state; within one, the more
+    /// consumed wins — what this edge spent on its lease and has not yet
+    /// reported is not in the owner's figure, and must not be forgotten (or
+    /// the next lease would grant it again).
+    pub fn observe(&mut self, spec: Spec, tokens: u64, reset_gen: u64, at: Nanos) {
+        if reset_gen < self.reset_gen {
+            return;
+        }
+        let seen = Limited::seeded(spec, tokens, at);
+        if reset_gen > self.reset_gen || *self.limited.spec() != spec {
+            self.limited = seen;
+            self.reset_gen = reset_gen;
+        } else {
+            self.limited.merge_state(seen.state());
+        }
         self.version += 1;
         self.last_seen = self.last_seen.max(at);
         self.referenced = true;
@@ -231,13 +245,8 @@ impl Entry {
         true
     }
 
-    /// Answers stay approximate until `until`.
-    pub fn mark_approximate(&mut self, until: Nanos) {
-        self.approximate_until = self.approximate_until.max(until);
-    }
-
-    pub fn is_approximate(&self, now: Nanos) -> bool {
-        now < self.approximate_until
+    pub fn reset_gen(&self) -> u64 {
+        self.reset_gen
     }
 
     pub fn decide(&mut self, spec: &Spec, req: Request, now: Nanos) -> Decision {

@@ -40,16 +40,47 @@ const MAX_PASS: usize = 4_096;
 pub enum Seed {
     /// Nothing consumed (a key nobody has seen).
     Fresh,
-    /// This many whole tokens already consumed, at the decision's time.
+    /// This many whole tokens already consumed, at the decision's time (a
+    /// lease on a key its edge never saw starts empty).
     Consumed(u64),
 }
 
-/// A decision and how the key's state came to be.
+/// The view a decision was routed under is no longer this node's: nothing
+/// was changed; route it again. See [`Store::set_fence`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Outcome {
-    pub decision: Decision,
-    /// The state was seeded from an estimate, not the owner's own count.
-    pub approximate: bool,
+pub struct Stale;
+
+/// What became of an edge's report of lease spending.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Absorbed {
+    Applied,
+    /// Already applied (a retry): not counted again.
+    Duplicate,
+    /// Spent before the key's last reset: dropped.
+    BeforeReset,
+}
+
+/// How a merged state is held here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holding {
+    /// As the key's count: a holder passed its own count on to this node,
+    /// the owner, in the ownership transfer.
+    Owned,
+    /// As a copy (a replica, a handoff, or a holder's own copy): a new entry
+    /// is a copy, an existing one stays what it was.
+    Copy,
+}
+
+/// One report of lease spending, as the owner absorbs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Report<'a> {
+    pub edge: &'a str,
+    pub seq: u64,
+    pub hits: u64,
+    pub at: Nanos,
+    /// The key's reset generation the edge spent under (None: a peer too
+    /// old to say, applied as before).
+    pub reset_gen: Option<u64>,
 }
 
 /// What to rank top keys by.
@@ -84,9 +115,9 @@ pub struct Store {
     /// Keys changed since the replicator last took them, each once. Only
     /// filled while `replicating`, so an unreplicated store never grows it.
     changed: Mutex<ChangeQueue>,
-    /// The latest time any key's moved mark holds until: before it, look
-    /// marks up; after it (nearly always), no key is marked, so no lookup.
-    moved_until: AtomicU64,
+    /// The view decisions must have been routed under (see
+    /// [`Store::set_fence`]).
+    fence: AtomicU64,
     replicating: std::sync::atomic::AtomicBool,
     /// Recent victims' fullness (ppm, a moving average): the eviction hand
     /// passes over keys much fuller than that. Keys of one age sit together
@@ -115,7 +146,7 @@ impl Store {
             max_keys: max_keys.max(1),
             stats: StoreStats::default(),
             changed: Mutex::new(std::collections::VecDeque::new()),
-            moved_until: AtomicU64::new(0),
+            fence: AtomicU64::new(0),
             replicating: std::sync::atomic::AtomicBool::new(false),
             typical_victim: AtomicU64::new(0),
         }
@@ -139,12 +170,10 @@ impl Store {
     /// A peek or a deny-all spec on a key not in memory answers from a fresh
     /// state without storing anything: reads never grow the table.
     pub fn decide(&self, key: &[u8], spec: &Spec, req: Request, now: Nanos) -> Decision {
-        self.decide_seeded(key, spec, req, now, Seed::Fresh, 0)
-            .decision
+        self.decide_seeded(key, spec, req, now, Seed::Fresh)
     }
 
-    /// Decide, starting a key not in memory from `seed`; a seeded key's
-    /// answers are approximate until `approximate_until`.
+    /// [`Store::decide`], starting a key not in memory from `seed`.
     pub fn decide_seeded(
         &self,
         key: &[u8],
@@ -152,60 +181,82 @@ impl Store {
         req: Request,
         now: Nanos,
         seed: Seed,
-        approximate_until: Nanos,
-    ) -> Outcome {
+    ) -> Decision {
+        match self.decide_fenced(key, spec, req, now, seed, None) {
+            Ok(d) => d,
+            Err(Stale) => unreachable!("an unfenced decision is never stale"),
+        }
+    }
+
+    /// The ownership barrier: from now on, decisions and reports routed
+    /// under an older view than `view` change nothing (they are told
+    /// [`Stale`] and route again). The check is made under the key's lock,
+    /// so a decision routed before this node adopted a view either lands
+    /// before a new owner takes the key's snapshot (and travels with it) or
+    /// not at all — never after it, where it would be lost.
+    pub fn set_fence(&self, view: u64) {
+        self.fence.store(view, Ordering::SeqCst);
+    }
+
+    fn fenced(&self, fence: Option<u64>) -> Result<(), Stale> {
+        match fence {
+            Some(v) if self.fence.load(Ordering::SeqCst) != v => Err(Stale),
+            _ => Ok(()),
+        }
+    }
+
+    /// Decide, starting a key not in memory from `seed`, as this node's own
+    /// count (a copy decided on becomes this node's count: the caller owns
+    /// the key and has taken what others held). `fence`: the view the
+    /// decision was routed under (None: not a clustered decision).
+    pub fn decide_fenced(
+        &self,
+        key: &[u8],
+        spec: &Spec,
+        req: Request,
+        now: Nanos,
+        seed: Seed,
+        fence: Option<u64>,
+    ) -> Result<Decision, Stale> {
         if let Some(mut e) = self.map.get_mut(key) {
-            let outcome = Outcome {
-                decision: e.decide(spec, req, now),
-                approximate: e.is_approximate(now),
-            };
+            self.fenced(fence)?;
+            let decision = e.decide(spec, req, now);
             if req.hits > 0 {
                 let (k, v) = e.pair_mut();
                 self.changed(k, v);
             }
-            return outcome;
+            return Ok(decision);
         }
         let fresh = |spec: &Spec| match seed {
             Seed::Fresh => Entry::new(*spec, now),
-            Seed::Consumed(tokens) => {
-                let mut e = Entry::seeded(*spec, tokens, now);
-                e.mark_approximate(approximate_until);
-                e
-            }
+            Seed::Consumed(tokens) => Entry::seeded(*spec, tokens, now),
         };
         if req.hits == 0 || spec.limit() == 0 {
-            let mut probe = fresh(spec);
-            return Outcome {
-                decision: probe.decide(spec, req, now),
-                approximate: probe.is_approximate(now),
-            };
+            self.fenced(fence)?;
+            return Ok(fresh(spec).decide(spec, req, now));
         }
         self.make_room(now);
         let key: Arc<[u8]> = Arc::from(key);
-        let outcome = match self.map.entry(key.clone()) {
+        let decision = match self.map.entry(key.clone()) {
             MapEntry::Occupied(mut o) => {
+                self.fenced(fence)?;
                 let e = o.get_mut();
-                let outcome = Outcome {
-                    decision: e.decide(spec, req, now),
-                    approximate: e.is_approximate(now),
-                };
+                let decision = e.decide(spec, req, now);
                 self.changed(&key, e);
-                return outcome;
+                return Ok(decision);
             }
             MapEntry::Vacant(v) => {
+                self.fenced(fence)?;
                 let mut e = fresh(spec);
-                let outcome = Outcome {
-                    decision: e.decide(spec, req, now),
-                    approximate: e.is_approximate(now),
-                };
+                let decision = e.decide(spec, req, now);
                 self.changed(&key, &mut e);
                 v.insert(e);
-                outcome
+                decision
             }
         };
         self.count.fetch_add(1, Ordering::Relaxed);
         self.ring_lock().push_back(key);
-        outcome
+        Ok(decision)
     }
 
     /// Run `f` on the key's entry, creating it with `create` if missing.
@@ -238,43 +289,86 @@ impl Store {
     }
 
     /// Record an authoritative view of a key: `remaining` whole tokens left
-    /// at `at` (what an owner answered).
-    pub fn observe(&self, key: &[u8], spec: &Spec, remaining: u64, at: Nanos) {
+    /// at `at` under `reset_gen` (what an owner answered, at an edge; see
+    /// [`Entry::observe`]).
+    pub fn observe(&self, key: &[u8], spec: &Spec, remaining: u64, reset_gen: u64, at: Nanos) {
         let tokens = spec.capacity().saturating_sub(remaining);
         self.upsert(
             key,
             at,
-            || Entry::seeded(*spec, tokens, at),
-            |e| e.observe(*spec, tokens, at),
+            || {
+                let mut e = Entry::seeded(*spec, tokens, at);
+                e.observe(*spec, tokens, reset_gen, at);
+                e
+            },
+            |e| e.observe(*spec, tokens, reset_gen, at),
         );
     }
 
-    /// Apply an edge's report of `hits` admitted at `at`, once per
-    /// `(edge, seq)`; a key not in memory starts from `seed` (as a decision
-    /// would). Returns whether it was applied (false: a retry).
+    /// Apply an edge's report of lease spending, once per `(edge, seq)`, as
+    /// this node's own count (see [`Store::decide_fenced`] for `fence`); a
+    /// report from before the key's last reset is dropped.
     pub fn absorb_report(
         &self,
         key: &[u8],
         spec: &Spec,
-        report: (&str, u64, u64, Nanos),
-        seed: Seed,
-        approximate_until: Nanos,
-    ) -> bool {
-        let (edge, seq, hits, at) = report;
-        let create = || match seed {
-            Seed::Fresh => Entry::new(*spec, at),
-            Seed::Consumed(tokens) => {
-                let mut e = Entry::seeded(*spec, tokens, at);
-                e.mark_approximate(approximate_until);
-                e
+        report: &Report<'_>,
+        fence: Option<u64>,
+    ) -> Result<Absorbed, Stale> {
+        let apply = |e: &mut Entry| {
+            if report.reset_gen.is_some_and(|g| g < e.reset_gen()) {
+                Absorbed::BeforeReset
+            } else if e.absorb_report(report.edge, report.seq, report.hits, report.at) {
+                Absorbed::Applied
+            } else {
+                Absorbed::Duplicate
             }
         };
-        let applied = self.upsert(key, at, create, |e| e.absorb_report(edge, seq, hits, at));
-        if applied && let Some(mut e) = self.map.get_mut(key) {
-            let (k, v) = e.pair_mut();
-            self.changed(k, v);
+        if let Some(mut e) = self.map.get_mut(key) {
+            self.fenced(fence)?;
+            let absorbed = apply(&mut e);
+            if absorbed == Absorbed::Applied {
+                let (k, v) = e.pair_mut();
+                self.changed(k, v);
+            }
+            return Ok(absorbed);
         }
-        applied
+        self.make_room(report.at);
+        let key: Arc<[u8]> = Arc::from(key);
+        let absorbed = match self.map.entry(key.clone()) {
+            MapEntry::Occupied(mut o) => {
+                self.fenced(fence)?;
+                let e = o.get_mut();
+                let absorbed = apply(e);
+                if absorbed == Absorbed::Applied {
+                    self.changed(&key, e);
+                }
+                return Ok(absorbed);
+            }
+            MapEntry::Vacant(v) => {
+                self.fenced(fence)?;
+                let mut e = Entry::new(*spec, report.at);
+                let absorbed = apply(&mut e);
+                self.changed(&key, &mut e);
+                v.insert(e);
+                absorbed
+            }
+        };
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.ring_lock().push_back(key);
+        Ok(absorbed)
+    }
+
+    /// The key's reset generation (0 for a key not in memory).
+    pub fn reset_gen(&self, key: &[u8]) -> u64 {
+        self.map.get(key).map_or(0, |e| e.reset_gen())
+    }
+
+    /// Forget a key (an edge's view of it, after an admin reset).
+    pub fn remove(&self, key: &[u8]) {
+        if self.map.remove(key).is_some() {
+            self.count.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     /// Whole tokens the key has left at `now`, if it is in memory.
@@ -290,61 +384,57 @@ impl Store {
         self.map.get(key).map(|e| e.snapshot())
     }
 
-    /// Merge another copy of a key's lineage (a replica, a handoff, a pull).
-    /// `owned`: this node now owns the key, so the result is queued for its
-    /// own replica holder; a replica held for another owner is not.
-    pub fn merge(&self, key: &[u8], snapshot: Snapshot, now: Nanos, owned: bool) {
+    /// Merge another copy of a key's lineage (a replica, a handoff, a
+    /// transferred or pulled state). `Holding::Owned` (a holder passed its
+    /// own count to this node, the owner): the entry is this node's count
+    /// and is queued for its replica holder. `Holding::Copy`: a new entry
+    /// is a copy; an existing one stays what it was — a merge never makes a
+    /// node the owner of a count it was not given.
+    pub fn merge(&self, key: &[u8], snapshot: Snapshot, now: Nanos, holding: Holding) {
         let create = || {
             let mut e = Entry::from_snapshot(snapshot.clone(), now);
-            if !owned {
-                e.mark_copy();
-            }
+            e.mark_copy();
             e
         };
         self.upsert(key, now, create, |e| e.merge(snapshot.clone(), now));
-        if owned && let Some(mut e) = self.map.get_mut(key) {
+        if holding == Holding::Owned
+            && let Some(mut e) = self.map.get_mut(key)
+        {
             let (k, v) = e.pair_mut();
-            v.own();
             self.changed(k, v);
         }
     }
 
-    /// These keys' counts now live at another node (a handoff it
-    /// confirmed): see [`Store::holds_own`]. A key changed again since its
-    /// snapshot was taken is queued, and marked when that change goes too.
-    pub fn mark_copies<'a>(&self, keys: impl IntoIterator<Item = &'a Arc<[u8]>>) {
-        for k in keys {
-            if let Some(mut e) = self.map.get_mut(k)
-                && !e.is_queued()
-            {
-                e.mark_copy();
-            }
-        }
+    /// Pass a key's count on to its new owner: its snapshot, with the entry
+    /// marked a copy in the same lock step (so nothing decided here can fall
+    /// between the two), and whether it was this node's own count.
+    pub fn take(&self, key: &[u8]) -> Option<(Snapshot, bool)> {
+        let mut e = self.map.get_mut(key)?;
+        Some(e.take())
     }
 
     /// Whether this node holds the key's count as its owner — not a
     /// replica, nor a copy left behind when the key moved away. A new owner
-    /// pulls a key unless it does.
+    /// takes a key from the others unless it does.
     pub fn holds_own(&self, key: &[u8]) -> bool {
         self.map.get(key).is_some_and(|e| !e.is_copy())
     }
 
-    /// A new owner pulls the key: its snapshot, and the key is marked as
-    /// moved to `to` until `until` (callers are sent there), in one step so
-    /// no decision falls between the copy and the mark.
-    pub fn pull(&self, key: &[u8], to: Arc<str>, until: Nanos) -> Option<Snapshot> {
-        let mut e = self.map.get_mut(key)?;
-        self.moved_until.fetch_max(until, Ordering::Relaxed);
-        e.mark_moved(to, until);
-        Some(e.snapshot())
+    /// Every entry becomes a copy (this node rejoins as a new member: its
+    /// counts are wherever the ring sent them while it was away).
+    pub fn mark_all_copies(&self) {
+        self.map.iter_mut().for_each(|mut e| e.mark_copy());
     }
 
-    /// Where the key moved to, if a new owner pulled it (and the mark holds).
-    pub fn moved_to(&self, key: &[u8], now: Nanos) -> Option<Arc<str>> {
-        if now >= self.moved_until.load(Ordering::Relaxed) {
-            return None;
+    /// Every key in memory and whether it is a copy: the ownership
+    /// transfer's one scan per view. Only pointer copies are made under
+    /// each shard's lock; the caller sorts the keys out afterwards.
+    pub fn keys(&self) -> Vec<(Arc<[u8]>, bool)> {
+        let mut keys = Vec::with_capacity(self.len());
+        for e in self.map.iter() {
+            keys.push((e.key().clone(), e.value().is_copy()));
         }
-        self.map.get(key)?.moved_to(now).cloned()
+        keys
     }
 
     /// Record changes from now on for the replicator (a cluster of two or
@@ -418,14 +508,6 @@ impl Store {
     /// Keys waiting for the replicator.
     pub fn changed_len(&self) -> usize {
         self.changed_lock().len()
-    }
-
-    /// Every key in memory with its snapshot (a leaving node's handoff).
-    pub fn snapshots(&self) -> Vec<(Arc<[u8]>, Snapshot)> {
-        self.map
-            .iter()
-            .map(|i| (i.key().clone(), i.value().snapshot()))
-            .collect()
     }
 
     pub fn contains(&self, key: &[u8]) -> bool {

@@ -120,32 +120,142 @@ fn a_copy_is_not_held_as_own_until_counted_here() {
     elsewhere.decide(&k, &spec(5), Request::hits(2), 0);
     let theirs = elsewhere.snapshot(&k).unwrap();
 
-    store.merge(&k, theirs.clone(), 0, false);
+    store.merge(&k, theirs.clone(), 0, Holding::Copy);
     assert!(!store.holds_own(&k), "a replica is a copy");
     store.decide(&k, &spec(5), Request::hits(1), 0);
     assert!(store.holds_own(&k), "counted here as owner");
+    store.merge(&k, theirs.clone(), 0, Holding::Copy);
+    assert!(store.holds_own(&k), "a copy merged in leaves it owned");
 
-    store.pull(&k, Arc::from("b"), 10);
-    assert!(!store.holds_own(&k), "pulled away");
-    store.merge(&k, theirs, 0, true);
-    assert!(store.holds_own(&k), "handed back");
-    assert_eq!(store.moved_to(&k, 0), None);
-
-    let taken = store.take_changed(10);
-    store.mark_copies(taken.states.iter().map(|(k, _)| k));
-    assert!(!store.holds_own(&k), "handed off");
-
-    store.decide(&k, &spec(5), Request::hits(1), 0);
-    let taken = store.take_changed(10);
-    store.decide(&k, &spec(5), Request::hits(1), 0);
-    store.mark_copies(taken.states.iter().map(|(k, _)| k));
-    assert!(
-        store.holds_own(&k),
-        "changed after its handed-off snapshot: still counted here"
+    let (snap, was_own) = store.take(&k).unwrap();
+    assert!(was_own);
+    assert!(!store.holds_own(&k), "passed on: a copy in the same step");
+    assert_eq!(
+        snap,
+        store.snapshot(&k).unwrap(),
+        "the snapshot is the state"
     );
+    assert!(!store.take(&k).unwrap().1, "taken again: it was a copy");
+    store.merge(&k, theirs, 0, Holding::Owned);
+    assert!(store.holds_own(&k), "handed back as a count");
     assert_eq!(
         store.inspect(&k, 0).unwrap().remaining,
-        0,
-        "one lineage: 2 + 3"
+        2,
+        "one lineage: max(2, 3) consumed"
+    );
+    store.mark_all_copies();
+    assert!(!store.holds_own(&k), "a rejoining node keeps only copies");
+}
+
+#[test]
+fn a_newer_reset_merged_into_a_copy_leaves_it_a_copy() {
+    let store = Store::new(10);
+    let k = key::encode("n", "k");
+    let owner = Store::new(10);
+    owner.decide(&k, &spec(5), Request::hits(4), 0);
+    store.merge(&k, owner.snapshot(&k).unwrap(), 0, Holding::Copy);
+    owner.reset(&k, 0);
+    store.merge(&k, owner.snapshot(&k).unwrap(), 0, Holding::Copy);
+    assert!(
+        !store.holds_own(&k),
+        "the reset's state is still a copy here"
+    );
+    assert_eq!(store.inspect(&k, 0).unwrap().reset_gen, 1);
+    assert_eq!(store.inspect(&k, 0).unwrap().remaining, 5);
+}
+
+#[test]
+fn the_fence_refuses_what_was_routed_under_an_older_view() {
+    let store = Store::new(10);
+    let k = key::encode("n", "k");
+    let new = key::encode("n", "new");
+    store.set_fence(1);
+    let d = store.decide_fenced(&k, &spec(5), Request::hits(1), 0, Seed::Fresh, Some(1));
+    assert!(d.unwrap().allowed());
+    store.set_fence(2);
+    for key in [&k, &new] {
+        assert_eq!(
+            store.decide_fenced(key, &spec(5), Request::hits(1), 0, Seed::Fresh, Some(1)),
+            Err(Stale),
+            "routed under view 1"
+        );
+    }
+    assert!(!store.contains(&new), "nothing created by a stale decision");
+    assert_eq!(
+        store.inspect(&k, 0).unwrap().remaining,
+        4,
+        "nothing consumed"
+    );
+    let report = Report {
+        edge: "e",
+        seq: 1,
+        hits: 2,
+        at: 0,
+        reset_gen: Some(0),
+    };
+    assert_eq!(
+        store.absorb_report(&new, &spec(5), &report, Some(1)),
+        Err(Stale)
+    );
+    assert!(!store.contains(&new), "nothing created by a stale report");
+    assert_eq!(
+        store.absorb_report(&k, &spec(5), &report, Some(2)),
+        Ok(Absorbed::Applied)
+    );
+    assert_eq!(
+        store.absorb_report(&k, &spec(5), &report, Some(2)),
+        Ok(Absorbed::Duplicate)
+    );
+    assert_eq!(store.inspect(&k, 0).unwrap().remaining, 2);
+}
+
+#[test]
+fn a_report_from_before_a_reset_is_dropped() {
+    let store = Store::new(10);
+    let k = key::encode("n", "k");
+    store.decide(&k, &spec(5), Request::hits(1), 0);
+    store.reset(&k, 0);
+    let before = Report {
+        edge: "e",
+        seq: 1,
+        hits: 3,
+        at: 0,
+        reset_gen: Some(0),
+    };
+    assert_eq!(
+        store.absorb_report(&k, &spec(5), &before, None),
+        Ok(Absorbed::BeforeReset)
+    );
+    assert_eq!(store.inspect(&k, 0).unwrap().remaining, 5);
+    let after = Report {
+        seq: 2,
+        reset_gen: Some(1),
+        ..before
+    };
+    assert_eq!(
+        store.absorb_report(&k, &spec(5), &after, None),
+        Ok(Absorbed::Applied)
+    );
+    assert_eq!(store.inspect(&k, 0).unwrap().remaining, 2);
+}
+
+#[test]
+fn an_observed_answer_never_forgets_unreported_spending() {
+    // An edge's lease view: it spent 6 of 10 locally (unreported); the
+    // owner then answers with 8 left (it has not heard of those 6).
+    let seen = Store::new(10);
+    let k = key::encode("n", "k");
+    seen.observe(&k, &spec(10), 10, 0, 0);
+    seen.decide(&k, &spec(10), Request::hits(6), 0);
+    seen.observe(&k, &spec(10), 8, 0, 0);
+    assert_eq!(seen.remaining(&k, 0).unwrap().1, 4, "more consumed wins");
+    // A newer reset generation replaces it.
+    seen.observe(&k, &spec(10), 9, 1, 0);
+    assert_eq!(seen.remaining(&k, 0).unwrap().1, 9);
+    seen.observe(&k, &spec(10), 10, 0, 0);
+    assert_eq!(
+        seen.remaining(&k, 0).unwrap().1,
+        9,
+        "an older generation is ignored"
     );
 }

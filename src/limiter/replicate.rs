@@ -1,11 +1,13 @@
-//! Counts that survive a change of owner: replicas streamed to each key's
-//! successor, a leaving node's handoff, and the merge of states arriving
+//! Replicas streamed to each key's successor, states pushed to a key's
+//! new owner, and a leaving node's last push; the merge of states arriving
 //! from peers.
 //!
 //! Every copy of a key travels whole (spec, `reset_gen`, version, state,
 //! report slots) and is *merged* on arrival — the more consumed wins, an
 //! older `reset_gen` loses — so a late, repeated or reordered copy never
-//! rolls a key back, double-counts or undoes a reset.
+//! rolls a key back, double-counts or undoes a reset. A pushed state is
+//! held as a copy: only the ownership transfer (`transfer.rs`, whose
+//! holders and askers agree on the ring) makes a node a key's owner.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,7 +16,7 @@ use std::time::{Duration, Instant};
 use super::Limiter;
 use crate::cluster::wire;
 use crate::proto::peer as pb;
-use crate::store::{Snapshot, key};
+use crate::store::{Holding, Snapshot};
 
 /// What a leaving node handed off.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -26,40 +28,16 @@ pub struct Handoff {
 /// Keys and their states on the way to one peer.
 type Outbox = Vec<(Arc<[u8]>, pb::KeyState)>;
 
-/// How long a pulled key is sent to its puller: long enough for every ring
-/// to see the new owner (gossip converges in seconds), short enough that a
-/// puller that dies at once costs little.
-const MOVED_FOR: u64 = 5_000_000_000;
-
 /// States per replication or handoff RPC.
 const BATCH: usize = 500;
 
 impl Limiter {
-    /// Merge a copy of a key arriving from a peer. A replica is held for
-    /// its owner; a handoff makes this node the owner, so what it merged is
-    /// replicated onwards.
-    pub fn merge_snapshot(&self, key: &[u8], snapshot: Snapshot, kind: pb::SyncKind) {
-        let owned = kind != pb::SyncKind::Replica;
-        self.shared.store.merge(key, snapshot, self.now(), owned);
-    }
-
-    /// This node's states for these keys, pulled by their new owner `by`
-    /// (None where it has none). Each key pulled is marked as moved: for a
-    /// while this node sends its callers to `by` rather than deciding it,
-    /// while the rings converge.
-    pub fn pulled_by(&self, by: &str, keys: &[(String, String)]) -> Vec<Option<pb::KeyState>> {
-        let by: Arc<str> = Arc::from(by);
-        let until = self
-            .now()
-            .saturating_add(MOVED_FOR.min(self.shared.settings.ownership_grace));
-        keys.iter()
-            .map(|(name, unique_key)| {
-                let k = key::encode(name, unique_key);
-                self.fold_promises(&k);
-                let s = self.shared.store.pull(&k, by.clone(), until)?;
-                wire::snapshot_to_wire(&k, &s)
-            })
-            .collect()
+    /// Merge a copy of a key arriving from a peer (a replica from its
+    /// owner, or a state pushed to its new owner): held as a copy.
+    pub fn merge_snapshot(&self, key: &[u8], snapshot: Snapshot) {
+        self.shared
+            .store
+            .merge(key, snapshot, self.now(), Holding::Copy);
     }
 
     /// Send the keys changed since the last round where they belong: for a
@@ -68,9 +46,7 @@ impl Limiter {
     /// this node is leaving), to its new owner, as a handoff. Keys whose
     /// target did not confirm are queued again. Returns states sent.
     pub async fn replicate(&self, max: usize) -> usize {
-        let Some(peers) = &self.shared.peers else {
-            return 0;
-        };
+        let peers = &self.shared.peers;
         let started = Instant::now();
         let t = self.shared.topology.load_full();
         let taken = self.shared.store.take_changed(max);
@@ -105,11 +81,7 @@ impl Limiter {
                         sent += chunk.len();
                         let counter = match kind {
                             pb::SyncKind::Replica => &metrics.replicated,
-                            _ => {
-                                // Its new owner counts on from here.
-                                self.shared.store.mark_copies(chunk.iter().map(|(k, _)| k));
-                                &metrics.handed_off
-                            }
+                            _ => &metrics.handed_off,
                         };
                         counter.inc_by(chunk.len() as u64);
                     }
@@ -140,39 +112,27 @@ impl Limiter {
         sent
     }
 
-    /// A leaving node's last act: send every key it holds to its owner in
-    /// the ring without this node, and wait for each batch's confirmation
-    /// until `within` has passed.
+    /// A leaving node's last act: push what its new owners did not take
+    /// through the transfer (a protocol-2 owner never asks; another may not
+    /// have finished within the grace), each key taken (marked a copy) as a
+    /// page would be, and wait for each batch's confirmation until `within`
+    /// has passed.
     pub async fn hand_off(&self, within: Duration) -> Handoff {
-        let Some(peers) = &self.shared.peers else {
-            return Handoff::default();
-        };
-        if self.shared.settings.protocol < 2 {
-            return Handoff::default();
-        }
+        let peers = &self.shared.peers;
         let deadline = Instant::now() + within;
         self.fold_promises_unless(|_| false);
-        let t = self.shared.topology.load_full();
-        let mut by_owner: HashMap<Arc<str>, Vec<pb::KeyState>> = HashMap::new();
+        let holdings = self.shared.topology.load().holdings.clone();
         let mut report = Handoff::default();
-        for (k, snapshot) in self.shared.store.snapshots() {
-            let Some(owner) = t
-                .ring
-                .owner(&k)
-                .filter(|m| m.node_id != self.shared.node_id && m.protocol >= 2)
-            else {
-                continue;
-            };
-            if let Some(state) = wire::snapshot_to_wire(&k, &snapshot) {
-                report.keys += 1;
-                by_owner
-                    .entry(owner.node_id.clone())
-                    .or_default()
-                    .push(state);
-            }
-        }
         let metrics = &self.shared.metrics.cluster;
-        for (owner, states) in by_owner {
+        for (owner, keys) in holdings.remaining() {
+            let states: Vec<pb::KeyState> = keys
+                .iter()
+                .filter_map(|k| {
+                    let (snapshot, _) = self.shared.store.take(k)?;
+                    wire::snapshot_to_wire(k, &snapshot)
+                })
+                .collect();
+            report.keys += states.len();
             for chunk in states.chunks(BATCH) {
                 if Instant::now() >= deadline {
                     tracing::warn!(

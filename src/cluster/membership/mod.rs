@@ -1,0 +1,367 @@
+//! Membership by gossip (chitchat), behind a small handle.
+//!
+//! Each node publishes its gRPC address, build version, peer protocol
+//! version, policy-config hash, lifecycle state (`joining`, `ready`,
+//! `leaving`) and the members it saw die. Members are parsed from those
+//! key-values in one place ([`view`]), and every change is published as a
+//! whole new [`ClusterView`] — live members, the ring over the ready ones,
+//! and the cluster size `N` — on a watch channel. [`Presence`] says whether
+//! this node may own keys right now (ready, and not away: see
+//! [`presence`]); the gossip thread ([`gossip`]) rejoins as a new member
+//! after being away.
+
+mod gossip;
+pub mod presence;
+pub mod view;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+pub use presence::Presence;
+pub use view::{ClusterView, MemberInfo};
+
+use super::auth::{AuthTransport, Secret};
+use view::{GRPC_ADDR, POLICY_HASH, PROTOCOL, STATE, VERSION};
+
+/// A node's lifecycle state, as gossiped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Lifecycle {
+    /// Up, not yet deciding: not in the ring.
+    Joining,
+    /// In the ring.
+    Ready,
+    /// Announced its departure: out of every ring and of `N` at once, still
+    /// answering while its new owners take its keys.
+    Leaving,
+    /// Gone after leaving: it holds nothing more (no one waits for it).
+    Left,
+}
+
+impl Lifecycle {
+    pub fn name(self) -> &'static str {
+        match self {
+            Lifecycle::Joining => "joining",
+            Lifecycle::Ready => "ready",
+            Lifecycle::Leaving => "leaving",
+            Lifecycle::Left => "left",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Lifecycle> {
+        [
+            Lifecycle::Joining,
+            Lifecycle::Ready,
+            Lifecycle::Leaving,
+            Lifecycle::Left,
+        ]
+        .into_iter()
+        .find(|l| l.name() == s)
+    }
+}
+
+/// What membership needs to start.
+pub struct MembershipConfig {
+    pub cluster_id: String,
+    pub node_id: String,
+    pub generation: u64,
+    /// Bound in advance (non-blocking), so port 0 works.
+    pub gossip_socket: std::net::UdpSocket,
+    /// The address peers gossip to.
+    pub gossip_advertise: SocketAddr,
+    /// host:port, DNS names allowed (resolved again periodically).
+    pub seeds: Vec<String>,
+    pub secret: Secret,
+    pub gossip_interval: Duration,
+    pub phi_threshold: f64,
+    /// How long a dead member is remembered (for `N`).
+    pub dead_grace: Duration,
+    pub grpc_advertise: String,
+    pub policy_hash: String,
+    /// The peer protocol this node speaks.
+    pub protocol: u32,
+    /// Test hook: gossip links to behave as cut.
+    pub faults: Arc<super::faults::Faults>,
+}
+
+/// How long a node may go without a gossip round before it counts as away:
+/// half the failure detector's patience (`phi_threshold` mean heartbeat
+/// intervals of silence mark a member dead), so a node resuming from a
+/// pause stops owning keys before its peers could have moved them — with a
+/// floor of a few rounds, so a busy gossip thread is not mistaken for one
+/// that was stopped.
+pub fn away_after(gossip_interval: Duration, phi_threshold: f64) -> Duration {
+    let detection = gossip_interval.mul_f64(phi_threshold.max(1.0));
+    (detection / 2).max(gossip_interval * 2)
+}
+
+/// The membership handle: cheap to clone.
+#[derive(Clone)]
+pub struct Membership {
+    inner: Arc<Inner>,
+}
+
+/// What the handle and the gossip thread share: chitchat's state (replaced
+/// on a rejoin) and the key-values this node publishes (so a rejoin
+/// publishes the latest). A std Mutex: held to clone or update, never
+/// across an await.
+#[derive(Default)]
+pub(crate) struct Slot {
+    chitchat: Option<Arc<tokio::sync::Mutex<chitchat::Chitchat>>>,
+    values: BTreeMap<String, String>,
+}
+
+struct Inner {
+    slot: Arc<Mutex<Slot>>,
+    presence: Arc<Presence>,
+    /// Asks the gossip thread for an immediate round with a member.
+    push: tokio::sync::mpsc::Sender<SocketAddr>,
+    /// Asks the gossip thread to publish a view now (this node's own state
+    /// changed).
+    refresh: Arc<tokio::sync::Notify>,
+    view: watch::Receiver<Arc<ClusterView>>,
+    /// Set once this node first turns ready (a rejoin then turns it ready
+    /// again by itself).
+    joined: watch::Sender<bool>,
+    gossip_interval: Duration,
+    has_seeds: bool,
+    stop: CancellationToken,
+    /// The gossip thread, joined on shutdown. A std Mutex: only touched
+    /// there, never across an await.
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// Membership could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("gossip: {0}")]
+pub struct MembershipError(String);
+
+impl Membership {
+    /// Join the cluster (or form a one-node cluster with no seeds), as `joining`.
+    pub fn start(cfg: MembershipConfig) -> Result<Membership, MembershipError> {
+        let listen = cfg
+            .gossip_socket
+            .local_addr()
+            .map_err(|e| MembershipError(e.to_string()))?;
+        let values: BTreeMap<String, String> = [
+            (GRPC_ADDR, cfg.grpc_advertise.clone()),
+            (STATE, Lifecycle::Joining.name().to_string()),
+            (VERSION, env!("CARGO_PKG_VERSION").to_string()),
+            (PROTOCOL, cfg.protocol.to_string()),
+            (POLICY_HASH, cfg.policy_hash.clone()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let slot = Arc::new(Mutex::new(Slot {
+            chitchat: None,
+            values,
+        }));
+        let away = away_after(cfg.gossip_interval, cfg.phi_threshold);
+        let presence = Arc::new(Presence::new(away.as_nanos() as u64, cfg.generation));
+        let transport = AuthTransport::new(cfg.gossip_socket, cfg.secret, cfg.faults.clone());
+        let (view_tx, view_rx) =
+            watch::channel(Arc::new(ClusterView::alone(&cfg.node_id, cfg.generation)));
+        let (joined_tx, joined_rx) = watch::channel(false);
+        let stop = CancellationToken::new();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (push_tx, push_rx) = tokio::sync::mpsc::channel(64);
+        let refresh = (cfg.gossip_interval / 2).max(Duration::from_millis(20));
+        let refresh_now = Arc::new(tokio::sync::Notify::new());
+        let work = gossip::Gossip {
+            refresh_now: refresh_now.clone(),
+            settings: gossip::Settings {
+                cluster_id: cfg.cluster_id.clone(),
+                node_id: cfg.node_id.clone(),
+                gossip_advertise: cfg.gossip_advertise,
+                listen,
+                seeds: cfg.seeds.clone(),
+                gossip_interval: cfg.gossip_interval,
+                phi_threshold: cfg.phi_threshold,
+                dead_grace: cfg.dead_grace,
+            },
+            transport,
+            slot: slot.clone(),
+            presence: presence.clone(),
+            view_tx,
+            push_rx,
+            refresh,
+            stop: stop.clone(),
+            joined: joined_rx,
+        };
+        let generation = cfg.generation;
+        let thread = std::thread::Builder::new()
+            .name("sluice-gossip".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                rt.block_on(work.run(generation, ready_tx));
+            })
+            .map_err(|e| MembershipError(e.to_string()))?;
+        ready_rx
+            .recv()
+            .map_err(|_| MembershipError("the gossip thread stopped".into()))?
+            .map_err(MembershipError)?;
+        Ok(Membership {
+            inner: Arc::new(Inner {
+                slot,
+                presence,
+                push: push_tx,
+                refresh: refresh_now,
+                view: view_rx,
+                joined: joined_tx,
+                gossip_interval: cfg.gossip_interval,
+                has_seeds: !cfg.seeds.is_empty(),
+                stop,
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+
+    /// The current view.
+    pub fn view(&self) -> Arc<ClusterView> {
+        self.inner.view.borrow().clone()
+    }
+
+    /// A receiver that sees every new view.
+    pub fn watch(&self) -> watch::Receiver<Arc<ClusterView>> {
+        self.inner.view.clone()
+    }
+
+    /// Whether this node may own keys (ready and present), for the limiter
+    /// and the readiness probes.
+    pub fn presence(&self) -> Arc<Presence> {
+        self.inner.presence.clone()
+    }
+
+    fn chitchat(&self) -> Option<Arc<tokio::sync::Mutex<chitchat::Chitchat>>> {
+        self.inner.slot.lock().ok().and_then(|s| s.chitchat.clone())
+    }
+
+    async fn set(&self, key: &str, value: &str) {
+        if let Ok(mut slot) = self.inner.slot.lock() {
+            slot.values.insert(key.to_string(), value.to_string());
+        }
+        if let Some(c) = self.chitchat() {
+            c.lock().await.self_node_state().set(key, value);
+        }
+    }
+
+    /// Publish a lifecycle state, and push it to every live member at once
+    /// rather than waiting for the next gossip round.
+    pub async fn set_state(&self, state: Lifecycle) {
+        self.inner.presence.set_lifecycle(state);
+        self.set(STATE, state.name()).await;
+        self.inner.refresh.notify_one();
+        let view = self.view();
+        for m in view.members.iter().filter(|m| m.node_id != view.self_id) {
+            // A full queue already holds pushes that will carry this state.
+            let _ = self.inner.push.try_send(m.gossip_addr);
+        }
+    }
+
+    /// Turn `ready` — own keys — once it is safe: with seeds, after this
+    /// node has seen a peer and its view has held still for a few rounds
+    /// (bounded: the first node of a cluster has no one to see).
+    pub async fn join(&self) {
+        let mut views = self.watch();
+        join_wait(&mut views, self.inner.has_seeds, self.inner.gossip_interval).await;
+        if self.inner.presence.lifecycle() == Lifecycle::Joining {
+            self.set_state(Lifecycle::Ready).await;
+            // Own keys from the first call on: wait for this node's view to
+            // hold it in the ring (a round of the gossip thread).
+            let _ = tokio::time::timeout(
+                Duration::from_secs(2),
+                views.wait_for(|v| v.ring.member(&v.self_id).is_some()),
+            )
+            .await;
+        }
+        let _ = self.inner.joined.send(true);
+    }
+
+    /// Gossip with `node_id` now rather than at the next round (two nodes
+    /// whose rings differ converge in a round trip).
+    pub fn gossip_with(&self, node_id: &str) {
+        if let Some(m) = self.view().member(node_id) {
+            let _ = self.inner.push.try_send(m.gossip_addr);
+        }
+    }
+
+    pub async fn set_policy_hash(&self, hash: &str) {
+        self.set(POLICY_HASH, hash).await;
+    }
+
+    /// The last word of a leaving node: `left` — it holds nothing more, so
+    /// no peer waits for it — pushed to every member, with a moment for the
+    /// datagrams to go out before gossip stops.
+    pub async fn announce_left(&self) {
+        self.set_state(Lifecycle::Left).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    /// Stop gossiping (peers then see this node die unless it announced
+    /// `leaving` first) and join the gossip thread. Blocks: call it off the
+    /// runtime's workers.
+    pub fn shutdown(&self) {
+        self.inner.stop.cancel();
+        let thread = self.inner.thread.lock().ok().and_then(|mut t| t.take());
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Wait until a node may turn ready: with no seeds at once; else until it
+/// has seen a peer (a node that turned ready before it saw its peers would
+/// own every key alone, from nothing) and then until its view has held
+/// still for 3 gossip rounds — gossip brings members in one by one, and a
+/// partial ring would name the wrong owners. Both bounded by 10 rounds
+/// (1–5 s), since the first node of a cluster has no one to see.
+pub(crate) async fn join_wait(
+    views: &mut watch::Receiver<Arc<ClusterView>>,
+    has_seeds: bool,
+    gossip_interval: Duration,
+) {
+    if !has_seeds {
+        return;
+    }
+    let wait = (gossip_interval * 10).clamp(Duration::from_secs(1), Duration::from_secs(5));
+    let deadline = tokio::time::Instant::now() + wait;
+    let seen = tokio::time::timeout_at(
+        deadline,
+        views.wait_for(|v| v.members.iter().any(|m| m.node_id != v.self_id)),
+    )
+    .await
+    .is_ok();
+    if !seen {
+        tracing::info!(?wait, "no peer seen; starting as the first node");
+        return;
+    }
+    let quiet = gossip_interval * 3;
+    while tokio::time::Instant::now() < deadline {
+        let until = deadline.min(tokio::time::Instant::now() + quiet);
+        match tokio::time::timeout_at(until, views.changed()).await {
+            Ok(Ok(())) => continue,
+            _ => break,
+        }
+    }
+}

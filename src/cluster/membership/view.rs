@@ -1,0 +1,294 @@
+//! The cluster as one node sees it, parsed from chitchat's key-values in
+//! one place.
+//!
+//! **Tombstones.** A member declared dead is never admitted again under the
+//! same `(node_id, generation)`: every node gossips the dead pairs its
+//! failure detector reports (a bounded list, key `dead`), and a view leaves
+//! out any member named in anyone's list. Without this, a node paused past
+//! failure detection would come back into every ring as if nothing had
+//! happened — with counts its successor has moved on from — and a ring
+//! could repeat an earlier one (A → B → A), so a stale mark would pass as
+//! current. A node that finds itself in a list rejoins as a new generation
+//! (`gossip.rs`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use chitchat::{ChitchatId, NodeState};
+
+use super::Lifecycle;
+use crate::cluster::ring::{Member, Ring};
+use crate::proto::PEER_PROTOCOL_VERSION;
+
+/// Gossip keys.
+pub(super) const GRPC_ADDR: &str = "grpc_addr";
+pub(super) const STATE: &str = "state";
+pub(super) const VERSION: &str = "version";
+pub(super) const PROTOCOL: &str = "protocol";
+pub(super) const POLICY_HASH: &str = "policy_hash";
+pub(super) const DEAD: &str = "dead";
+
+/// Tombstones one node gossips at most (the newest generations).
+pub const MAX_TOMBSTONES: usize = 64;
+
+/// A dead member: never admitted again.
+pub type Tombstone = (Arc<str>, u64);
+
+/// One live member, parsed from its gossip state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberInfo {
+    pub node_id: Arc<str>,
+    pub generation: u64,
+    pub gossip_addr: SocketAddr,
+    pub grpc_addr: String,
+    pub state: Lifecycle,
+    pub version: String,
+    pub protocol: u32,
+    pub policy_hash: String,
+}
+
+impl MemberInfo {
+    /// Parse a member from its gossip key-values; `None` until it has
+    /// published the keys a member needs.
+    pub fn parse(id: &ChitchatId, state: &NodeState) -> Option<MemberInfo> {
+        Some(MemberInfo {
+            node_id: id.node_id.clone(),
+            generation: id.generation_id,
+            gossip_addr: id.gossip_advertise_addr,
+            grpc_addr: state.get(GRPC_ADDR)?.to_string(),
+            state: Lifecycle::parse(state.get(STATE)?)?,
+            version: state.get(VERSION).unwrap_or_default().to_string(),
+            protocol: state.get(PROTOCOL)?.parse().ok()?,
+            policy_hash: state.get(POLICY_HASH).unwrap_or_default().to_string(),
+        })
+    }
+
+    /// Ready, and speaking a peer protocol at most one version apart.
+    pub fn in_ring(&self) -> bool {
+        self.state == Lifecycle::Ready && self.protocol.abs_diff(PEER_PROTOCOL_VERSION) <= 1
+    }
+
+    pub fn as_member(&self) -> Member {
+        Member {
+            node_id: self.node_id.clone(),
+            generation: self.generation,
+            grpc_addr: self.grpc_addr.clone(),
+            protocol: self.protocol,
+        }
+    }
+}
+
+/// The cluster as one node sees it at one moment.
+#[derive(Clone, Debug)]
+pub struct ClusterView {
+    pub self_id: Arc<str>,
+    /// This node's generation: a rejoin after being away is a new one.
+    pub self_generation: u64,
+    /// Live members (this node included), by node id.
+    pub members: Vec<MemberInfo>,
+    /// The ring over the ready members.
+    pub ring: Arc<Ring>,
+    /// `N`: ready members plus members that died without announcing
+    /// `leaving` (remembered for the dead-node grace period), one per node
+    /// id. Shares of a limit are sized by it.
+    pub size: usize,
+    /// Someone declared this node's generation dead: it must rejoin.
+    pub self_tombstoned: bool,
+}
+
+impl ClusterView {
+    /// A one-node view, before gossip has run.
+    pub fn alone(self_id: &str, generation: u64) -> ClusterView {
+        ClusterView {
+            self_id: Arc::from(self_id),
+            self_generation: generation,
+            members: Vec::new(),
+            ring: Arc::new(Ring::default()),
+            size: 1,
+            self_tombstoned: false,
+        }
+    }
+
+    /// Every live member (ready, joining or leaving) as a peer to call.
+    pub fn live(&self) -> Vec<Member> {
+        self.members.iter().map(MemberInfo::as_member).collect()
+    }
+
+    pub fn member(&self, node_id: &str) -> Option<&MemberInfo> {
+        self.members.iter().find(|m| &*m.node_id == node_id)
+    }
+
+    /// Build the view from chitchat's state; `own_dead` are the tombstones
+    /// this node gossips (its failure detector's dead members).
+    pub(super) fn from_chitchat(
+        chitchat: &chitchat::Chitchat,
+        own_dead: &BTreeSet<Tombstone>,
+    ) -> ClusterView {
+        let self_cc = chitchat.self_chitchat_id();
+        let self_id = self_cc.node_id.clone();
+        let mut dead: BTreeSet<Tombstone> = own_dead.clone();
+        for id in chitchat.live_nodes() {
+            if let Some(list) = chitchat.node_state(id).and_then(|s| s.get(DEAD)) {
+                dead.extend(parse_tombstones(list));
+            }
+        }
+        let buried = |id: &ChitchatId| dead.contains(&(id.node_id.clone(), id.generation_id));
+        // One entry per node id: the newest generation (a restart is not two nodes).
+        let mut members: BTreeMap<Arc<str>, MemberInfo> = BTreeMap::new();
+        for id in chitchat.live_nodes().filter(|id| !buried(id)) {
+            let Some(m) = chitchat
+                .node_state(id)
+                .and_then(|s| MemberInfo::parse(id, s))
+            else {
+                continue;
+            };
+            if m.state == Lifecycle::Left {
+                // Gone after leaving, though its heartbeat may linger.
+                continue;
+            }
+            match members.get(&m.node_id) {
+                Some(old) if old.generation >= m.generation => {}
+                _ => {
+                    members.insert(m.node_id.clone(), m);
+                }
+            }
+        }
+        let ring = Ring::new(
+            members
+                .values()
+                .filter(|m| m.in_ring())
+                .map(MemberInfo::as_member),
+        );
+        let mut counted: BTreeSet<Arc<str>> = members
+            .values()
+            .filter(|m| m.state == Lifecycle::Ready)
+            .map(|m| m.node_id.clone())
+            .collect();
+        let dead_ids = chitchat
+            .dead_nodes()
+            .chain(chitchat.live_nodes().filter(|id| buried(id)))
+            .filter(|id| {
+                // A live member that said `left` is neither counted nor dead.
+                chitchat
+                    .node_state(id)
+                    .and_then(|s| s.get(STATE))
+                    .is_none_or(|s| s != Lifecycle::Left.name())
+            });
+        for id in dead_ids {
+            let left = chitchat
+                .node_state(id)
+                .and_then(|s| s.get(STATE))
+                .is_some_and(|s| s == Lifecycle::Leaving.name() || s == Lifecycle::Left.name());
+            // A node id that is live again (restarted) is already counted
+            // or deliberately not (joining/leaving).
+            if !left && !members.contains_key(&id.node_id) {
+                counted.insert(id.node_id.clone());
+            }
+        }
+        ClusterView {
+            self_tombstoned: buried(self_cc),
+            self_id,
+            self_generation: self_cc.generation_id,
+            members: members.into_values().collect(),
+            ring: Arc::new(ring),
+            size: counted.len().max(1),
+        }
+    }
+
+    /// Whether this node sees a majority of the remembered cluster size
+    /// (the limiter's minority rule).
+    pub fn has_majority(&self) -> bool {
+        let ready = self.ring.members().len();
+        !(ready * 2 <= self.size && self.size > 1)
+    }
+
+    pub(super) fn same_as(&self, other: &ClusterView) -> bool {
+        self.members == other.members
+            && self.size == other.size
+            && self.self_generation == other.self_generation
+            && self.self_tombstoned == other.self_tombstoned
+    }
+}
+
+/// Which members this node buries, kept across gossip rounds.
+#[derive(Debug, Default)]
+pub(super) struct Burials {
+    /// Members seen live (a member chitchat has only just heard of counts
+    /// as "dead" until its second heartbeat: that is no death).
+    seen_live: BTreeSet<Tombstone>,
+    /// The tombstones this node gossips.
+    pub published: BTreeSet<Tombstone>,
+}
+
+impl Burials {
+    /// This round's tombstones: members seen live that chitchat's failure
+    /// detector now declares dead — added only while this node sees a
+    /// majority of the cluster, since only a majority takes a member's keys
+    /// over (a node cut off alone decides on leases, and must not make the
+    /// majority rejoin when the cut heals). Newest generations first, at
+    /// most [`MAX_TOMBSTONES`]. Returns whether the set changed.
+    pub fn update(&mut self, chitchat: &chitchat::Chitchat, majority: bool) -> bool {
+        let pair = |id: &ChitchatId| (id.node_id.clone(), id.generation_id);
+        self.seen_live.extend(chitchat.live_nodes().map(pair));
+        self.seen_live.retain(|(id, g)| {
+            chitchat
+                .node_states()
+                .keys()
+                .any(|c| c.node_id == *id && c.generation_id == *g)
+        });
+        if !majority {
+            return false;
+        }
+        let mut dead: Vec<Tombstone> = chitchat
+            .dead_nodes()
+            .map(pair)
+            .filter(|t| self.seen_live.contains(t))
+            .chain(self.published.iter().cloned())
+            .collect();
+        dead.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        dead.dedup();
+        let dead: BTreeSet<Tombstone> = dead.into_iter().take(MAX_TOMBSTONES).collect();
+        let changed = dead != self.published;
+        self.published = dead;
+        changed
+    }
+}
+
+/// Tombstones as gossiped: a JSON list of `[node_id, generation]` (node
+/// ids are configuration strings: any separator could occur in one).
+pub(super) fn encode_tombstones(dead: &BTreeSet<Tombstone>) -> String {
+    let list: Vec<(&str, u64)> = dead.iter().map(|(id, g)| (&**id, *g)).collect();
+    serde_json::to_string(&list).unwrap_or_else(|_| "[]".into())
+}
+
+/// A peer's tombstones; a malformed list counts as none (and at most
+/// [`MAX_TOMBSTONES`] are read from one peer).
+pub(super) fn parse_tombstones(s: &str) -> Vec<Tombstone> {
+    serde_json::from_str::<Vec<(String, u64)>>(s)
+        .unwrap_or_default()
+        .into_iter()
+        .take(MAX_TOMBSTONES)
+        .map(|(id, g)| (Arc::from(id.as_str()), g))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tombstones_round_trip_any_node_id() {
+        let dead: BTreeSet<Tombstone> = [(Arc::from("a,b;c"), 7), (Arc::from("[\"x\"]"), u64::MAX)]
+            .into_iter()
+            .collect();
+        let parsed: BTreeSet<Tombstone> = parse_tombstones(&encode_tombstones(&dead))
+            .into_iter()
+            .collect();
+        assert_eq!(parsed, dead);
+        assert!(parse_tombstones("not json").is_empty());
+        let many: Vec<(String, u64)> = (0..1_000).map(|i| (format!("n{i}"), i)).collect();
+        let long = serde_json::to_string(&many).unwrap();
+        assert_eq!(parse_tombstones(&long).len(), MAX_TOMBSTONES);
+    }
+}

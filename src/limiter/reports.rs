@@ -1,0 +1,236 @@
+//! Lease spending: an edge reports what it admitted without the owner
+//! (fallback leases, tiered allotments), and the owner absorbs it once per
+//! `(edge, key, sequence)`.
+//!
+//! Reports go in chunks bounded by items and bytes (an owner refuses a
+//! call above its item bound, and a refusal for size is no sign that it is
+//! unreachable). An owner still receiving a key from its previous holders
+//! answers "retry" — neither acknowledged nor a failure — so a report never
+//! creates a fresh count that the transfer then cannot merge into.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::{Absorb, Limiter, ReportOutcome, Topology};
+use crate::cluster;
+use crate::cluster::peers::ForwardError;
+use crate::lease::Report;
+use crate::proto::peer as pb;
+use crate::store::{Absorbed, key};
+
+/// Reports per call, and the bytes a call may reach.
+const CHUNK_ITEMS: usize = 500;
+const CHUNK_BYTES: usize = 256 * 1024;
+
+impl Limiter {
+    /// Send what this edge admitted on leases to each key's current owner
+    /// (absorbing its own keys here). Unacknowledged reports are resent
+    /// unchanged next time; returns how many were acknowledged.
+    pub async fn flush_reports(&self) -> usize {
+        let (held, reserved) = self.shared.tiers.figures(self.now());
+        let m = &self.shared.metrics.cluster;
+        m.tiered_held.set(i64::try_from(held).unwrap_or(i64::MAX));
+        m.tiered_reserved
+            .set(i64::try_from(reserved).unwrap_or(i64::MAX));
+        let leases = &self.shared.leases;
+        let reports = leases.reports();
+        let t = self.shared.topology.load_full();
+        let mut acked = 0;
+        let mut by_owner: HashMap<Arc<str>, Vec<Report>> = HashMap::new();
+        for report in reports {
+            match t.ring.owner(&report.key).map(|m| m.node_id.clone()) {
+                Some(owner) if owner != self.shared.node_id && !t.minority => {
+                    by_owner.entry(owner).or_default().push(report);
+                }
+                // In a minority this node is not the owner of anything for
+                // sure; hold the report until it sees a majority again.
+                Some(_) if t.minority => {}
+                Some(_) => {
+                    let absorb = Absorb {
+                        edge: &self.shared.node_id,
+                        seq: report.seq,
+                        hits: report.hits,
+                        at: report.at,
+                        reset_gen: Some(report.reset_gen),
+                    };
+                    let o = self.absorb_encoded(&report.key, &report.spec, &absorb, &t);
+                    if o.acknowledged() {
+                        leases.acknowledge(&report);
+                        acked += 1;
+                    }
+                }
+                None => {}
+            }
+        }
+        for (owner, reports) in by_owner {
+            for chunk in chunks(&reports) {
+                acked += self.send_reports(&owner, chunk).await;
+            }
+        }
+        self.shared
+            .metrics
+            .cluster
+            .unreported
+            .set(leases.unreported() as i64);
+        acked
+    }
+
+    /// One call's worth of reports to `owner`; returns how many it
+    /// acknowledged.
+    async fn send_reports(&self, owner: &str, reports: &[Report]) -> usize {
+        let leases = &self.shared.leases;
+        let items = reports
+            .iter()
+            .filter_map(|rep| {
+                let (name, unique_key) = key::decode(&rep.key)?;
+                Some(pb::ReportItem {
+                    name: name.to_string(),
+                    unique_key: unique_key.to_string(),
+                    limit: Some(cluster::wire::limit_to_wire(&rep.spec)),
+                    seq: rep.seq,
+                    hits: rep.hits,
+                    at_ns: rep.at,
+                    reset_gen: Some(rep.reset_gen),
+                })
+            })
+            .collect();
+        match self.shared.peers.report(owner, items).await {
+            Ok(outcomes) => {
+                let mut acked = 0;
+                for (rep, o) in reports.iter().zip(outcomes) {
+                    let done = o == pb::ReportOutcome::Applied as i32
+                        || o == pb::ReportOutcome::Duplicate as i32
+                        || o == pb::ReportOutcome::Stale as i32;
+                    if done {
+                        leases.acknowledge(rep);
+                        acked += 1;
+                    }
+                }
+                acked
+            }
+            Err(ForwardError::Refused { peer, reason }) => {
+                tracing::warn!(%peer, %reason, "lease reports refused; will retry");
+                0
+            }
+            Err(e) => {
+                tracing::debug!(peer = %owner, error = %e, "lease report not delivered; will retry");
+                0
+            }
+        }
+    }
+
+    /// Absorb what an edge admitted on a lease, once per `(edge, key, seq)`.
+    pub fn absorb_report(
+        &self,
+        name: &str,
+        unique_key: &str,
+        spec: &crate::algorithm::Spec,
+        report: &Absorb<'_>,
+    ) -> ReportOutcome {
+        let t = self.shared.topology.load_full();
+        key::with_encoded(name, unique_key, |k| {
+            self.absorb_encoded(k, spec, report, &t)
+        })
+    }
+
+    pub(super) fn absorb_encoded(
+        &self,
+        k: &[u8],
+        spec: &crate::algorithm::Spec,
+        r: &Absorb<'_>,
+        t: &Topology,
+    ) -> ReportOutcome {
+        match self.route(k, t, self.may_own()) {
+            super::route::Route::Here => {}
+            super::route::Route::Forward(_) => return ReportOutcome::NotOwner,
+            // Still coming from its previous holders, or this node cannot
+            // own anything right now: later.
+            super::route::Route::Lacking | super::route::Route::NoOwner => {
+                return ReportOutcome::Retry;
+            }
+        }
+        // Another node's clock never moves this key's time forward.
+        let at = r.at.min(self.now());
+        let report = crate::store::Report {
+            edge: r.edge,
+            seq: r.seq,
+            hits: r.hits,
+            at,
+            reset_gen: r.reset_gen,
+        };
+        let outcome = match self
+            .shared
+            .store
+            .absorb_report(k, spec, &report, Some(t.view))
+        {
+            Err(_) => return ReportOutcome::Retry,
+            Ok(Absorbed::Applied) => {
+                // Reported hits of a tiered allotment are no longer promised.
+                self.shared.tiers.reported(k, r.edge, r.hits);
+                ReportOutcome::Applied
+            }
+            Ok(Absorbed::Duplicate) => ReportOutcome::Duplicate,
+            Ok(Absorbed::BeforeReset) => ReportOutcome::Stale,
+        };
+        self.shared
+            .metrics
+            .cluster
+            .reports
+            .get_or_create(&vec![("outcome", outcome.name())])
+            .inc();
+        outcome
+    }
+}
+
+/// Split reports into calls of at most [`CHUNK_ITEMS`] items and about
+/// [`CHUNK_BYTES`] bytes (at least one report each).
+fn chunks(reports: &[Report]) -> Vec<&[Report]> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut bytes = 0;
+    for (i, r) in reports.iter().enumerate() {
+        let size = r.key.len() + 64;
+        if i > start && (i - start >= CHUNK_ITEMS || bytes + size > CHUNK_BYTES) {
+            out.push(&reports[start..i]);
+            start = i;
+            bytes = 0;
+        }
+        bytes += size;
+    }
+    if start < reports.len() {
+        out.push(&reports[start..]);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Algorithm, Period, Spec};
+
+    #[test]
+    fn reports_go_in_bounded_chunks() {
+        let spec = Spec::new(Algorithm::TokenBucket, 10, Period::Duration(1), None).unwrap();
+        let report = |i: usize, len: usize| Report {
+            key: Arc::from(key::encode("n", &"k".repeat(len + i % 2))),
+            spec,
+            seq: i as u64,
+            hits: 1,
+            at: 0,
+            reset_gen: 0,
+        };
+        let many: Vec<Report> = (0..1_234).map(|i| report(i, 4)).collect();
+        let sizes: Vec<usize> = chunks(&many).iter().map(|c| c.len()).collect();
+        assert_eq!(sizes, vec![500, 500, 234]);
+        let big: Vec<Report> = (0..40).map(|i| report(i, 20_000)).collect();
+        let by_bytes = chunks(&big);
+        assert!(by_bytes.len() > 1, "bytes bound the chunks too");
+        assert!(
+            by_bytes
+                .iter()
+                .all(|c| c.iter().map(|r| r.key.len()).sum::<usize>() <= CHUNK_BYTES + 20_100)
+        );
+        assert_eq!(by_bytes.iter().map(|c| c.len()).sum::<usize>(), 40);
+        assert!(chunks(&[]).is_empty());
+    }
+}

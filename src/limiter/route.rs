@@ -1,0 +1,167 @@
+//! Where each key of a batch is decided, and the batch's one pass.
+//!
+//! A key this node owns is decided here — at once if this node holds its
+//! count or the view's transfer is complete, after a pull otherwise; a key
+//! another node owns goes to that owner (or, in tiered mode, to this node's
+//! allotment first); with no owner this node may ask (not yet ready, away,
+//! no ring), the key's `on_owner_unreachable` decides.
+//!
+//! A decision routed under a view this node has since left changes nothing
+//! (the store's fence) and is routed again under the new one — at most
+//! [`ROUNDS`] times, then it falls back.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use super::{Check, ItemError, Limiter, Resolved, Topology, Verdict, YIELD_EVERY};
+use crate::cluster::membership::presence::boot_time;
+use crate::store::key;
+
+/// Routings of one item before it falls back (views changing under it).
+pub(super) const ROUNDS: usize = 4;
+
+/// Where a key is decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Route {
+    /// Here, on the count this node holds (or a new one).
+    Here,
+    /// Here, once its state is taken from the members still transferring.
+    Lacking,
+    /// At its owner.
+    Forward(Arc<str>),
+    /// No owner this node may ask or be: not ready, away, or no ring.
+    NoOwner,
+}
+
+/// A decision that has to wait (a forward), with its place in the batch.
+type Pending<'a> = Pin<Box<dyn Future<Output = (usize, Verdict)> + Send + 'a>>;
+
+impl Limiter {
+    /// Where `k` is decided under `t`. `may_own`: this node is ready and
+    /// present (read once per batch).
+    pub(super) fn route(&self, k: &[u8], t: &Topology, may_own: bool) -> Route {
+        match t.ring.owner(k) {
+            None => Route::NoOwner,
+            Some(o) if o.node_id != self.shared.node_id => Route::Forward(o.node_id.clone()),
+            Some(_) if !may_own => Route::NoOwner,
+            // Last, as it is the one lookup in the store: nearly every
+            // decision is answered by the flag.
+            Some(_) if t.incoming.complete() || self.shared.store.holds_own(k) => Route::Here,
+            Some(_) => Route::Lacking,
+        }
+    }
+
+    /// Whether this node may own keys right now.
+    pub(super) fn may_own(&self) -> bool {
+        self.shared.presence.may_own(boot_time())
+    }
+
+    /// Decide a batch, in order: keys this node owns here, the others at
+    /// their owners — forwarded in parallel, one micro-batch per owner —
+    /// or on leases when the owners cannot be reached. Invalid items stay
+    /// errors; they never fail the batch.
+    pub async fn check_batch(
+        &self,
+        items: Vec<Result<Check, ItemError>>,
+    ) -> Vec<Result<Verdict, ItemError>> {
+        let policies = self.shared.policies.load_full();
+        let mut out: Vec<Option<Result<Verdict, ItemError>>> = vec![None; items.len()];
+        let mut todo: Vec<(usize, Resolved<'_>)> = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            match item
+                .as_ref()
+                .map_err(Clone::clone)
+                .and_then(|c| self.resolve(c, &policies))
+            {
+                Ok(r) => todo.push((i, r)),
+                Err(e) => out[i] = Some(Err(e)),
+            }
+        }
+        for round in 0..ROUNDS {
+            if todo.is_empty() {
+                break;
+            }
+            let last = round + 1 == ROUNDS;
+            todo = self.round(todo, &mut out, last).await;
+        }
+        for (i, r) in todo {
+            // Views kept changing under it: decide without the owner.
+            let t = self.shared.topology.load_full();
+            out[i] = Some(Ok(self.fallback(&r, &t, false)));
+        }
+        out.into_iter()
+            .map(|v| v.unwrap_or_else(|| Err(ItemError::new("request", "not decided"))))
+            .collect()
+    }
+
+    /// One pass over `todo` under the current view; returns the items to
+    /// route again (the view changed under them).
+    async fn round<'a>(
+        &'a self,
+        todo: Vec<(usize, Resolved<'a>)>,
+        out: &mut [Option<Result<Verdict, ItemError>>],
+        last: bool,
+    ) -> Vec<(usize, Resolved<'a>)> {
+        let t = self.shared.topology.load_full();
+        let may_own = self.may_own();
+        let mut remote: Vec<Pending<'a>> = Vec::new();
+        let mut lacking: Vec<(usize, Resolved<'a>)> = Vec::new();
+        let mut again = Vec::new();
+        for (n, (i, r)) in todo.into_iter().enumerate() {
+            if n % YIELD_EVERY == YIELD_EVERY - 1 {
+                // A large batch decides in one task: let the runtime run a
+                // small call between its slices, or that call waits for the
+                // whole batch (milliseconds, seen under a key flood).
+                tokio::task::yield_now().await;
+            }
+            if t.minority {
+                out[i] = Some(Ok(self.fallback(&r, &t, true)));
+                continue;
+            }
+            let route = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
+                self.route(k, &t, may_own)
+            });
+            match route {
+                Route::Forward(to) if r.tiered => match self.tiered_local(&r, to) {
+                    Ok(verdict) => out[i] = Some(Ok(verdict)),
+                    Err((to, ask)) => {
+                        let t = t.clone();
+                        remote.push(Box::pin(async move {
+                            let v = self.tiered_slow(&r, to, &t, ask).await;
+                            (i, v)
+                        }))
+                    }
+                },
+                Route::Forward(to) => {
+                    let t = t.clone();
+                    remote.push(Box::pin(async move {
+                        let v = self.forward(&r, to, &t).await;
+                        (i, v)
+                    }))
+                }
+                Route::NoOwner => out[i] = Some(Ok(self.fallback(&r, &t, false))),
+                Route::Lacking => lacking.push((i, r)),
+                Route::Here => match self.decide_here(&r, &t) {
+                    Ok(v) => out[i] = Some(Ok(v)),
+                    Err(_) => again.push((i, r)),
+                },
+            }
+        }
+        let (forwarded, taken) = futures::future::join(
+            futures::future::join_all(remote),
+            self.decide_lacking(lacking, &t, last),
+        )
+        .await;
+        for (i, v) in forwarded {
+            out[i] = Some(Ok(v));
+        }
+        for (i, r, v) in taken {
+            match v {
+                Some(v) => out[i] = Some(Ok(v)),
+                None => again.push((i, r)),
+            }
+        }
+        again
+    }
+}

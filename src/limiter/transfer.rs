@@ -1,0 +1,376 @@
+//! Ownership transfer, the new owner's side: known to be complete, never
+//! guessed by a timer (DESIGN §4).
+//!
+//! On adopting a view (a new ring) a node asks **every live member** for
+//! the keys it now owns that they hold — owned, or as a copy (replicas of
+//! idle keys sit at old successors: replication ships only changed keys).
+//! Each member answers in pages bounded by items and bytes and ends with
+//! `done`. A member answers only once its own ring is the asker's, and
+//! marks each key a copy in the same lock step as its snapshot (see
+//! `holdings.rs`), so `done` is a barrier: nothing it decides or absorbs
+//! afterwards is lost to the new owner.
+//!
+//! Until `done` has come from every live member, a key the new owner lacks
+//! (no entry, or only a copy) is **pulled** before it is decided — all the
+//! missing keys of a batch in one `Pull` per member (`owner.rs`). After,
+//! a missing key is new and is decided at once, exact, with no RPC.
+//!
+//! A newer view cancels the requests of the one before. A member that
+//! cannot be reached is retried with backoff while the view lasts; meanwhile
+//! the keys only it could hold follow `on_owner_unreachable`. A member that
+//! leaves the live set is no longer waited for (it can answer no more).
+//! A protocol-2 member (a rolling upgrade) has no `Transfer`: it never says
+//! `done`, and lacking keys are pulled from it for as long as it is live.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::Limiter;
+use crate::cluster::peers::Received;
+use crate::cluster::ring::Member;
+use crate::store::Holding;
+
+/// Where one member stands in this node's transfer for a view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Standing {
+    /// Asked; pages coming (or its ring is not this view's yet).
+    Pending,
+    /// Sent every key it held for this node, and said so.
+    Done,
+    /// Its last attempt failed (an error, a deadline, an open breaker);
+    /// retried with backoff.
+    Unreachable,
+    /// Speaks protocol 2: never says `done`; lacking keys are pulled from it.
+    Legacy,
+}
+
+impl Standing {
+    pub fn name(self) -> &'static str {
+        match self {
+            Standing::Pending => "pending",
+            Standing::Done => "done",
+            Standing::Unreachable => "unreachable",
+            Standing::Legacy => "legacy",
+        }
+    }
+}
+
+/// One member's progress, for status and metrics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Progress {
+    pub standing: Standing,
+    /// States received from it in this view.
+    pub received: u64,
+    /// Failed attempts in a row.
+    pub failures: u32,
+}
+
+/// This node's transfer for one view.
+#[derive(Debug)]
+pub struct Incoming {
+    /// This node's number for the view.
+    pub view: u64,
+    pub epoch: u64,
+    members: Mutex<BTreeMap<Arc<str>, Progress>>,
+    complete: AtomicBool,
+    received: AtomicU64,
+    started: Instant,
+    /// When the last member said `done` (for the figures).
+    finished: Mutex<Option<Duration>>,
+    /// Cancelled by the next view.
+    cancel: CancellationToken,
+}
+
+impl Incoming {
+    /// A transfer from `members` (the live members but this node); with
+    /// none, complete at once. Protocol-2 members are `Legacy`.
+    pub fn new<'a>(view: u64, epoch: u64, members: impl Iterator<Item = &'a Member>) -> Incoming {
+        let members: BTreeMap<Arc<str>, Progress> = members
+            .map(|m| {
+                let standing = if m.protocol >= 3 {
+                    Standing::Pending
+                } else {
+                    Standing::Legacy
+                };
+                (
+                    m.node_id.clone(),
+                    Progress {
+                        standing,
+                        received: 0,
+                        failures: 0,
+                    },
+                )
+            })
+            .collect();
+        let complete = members.is_empty();
+        Incoming {
+            view,
+            epoch,
+            members: Mutex::new(members),
+            complete: AtomicBool::new(complete),
+            received: AtomicU64::new(0),
+            started: Instant::now(),
+            finished: Mutex::new(complete.then_some(Duration::ZERO)),
+            cancel: CancellationToken::new(),
+        }
+    }
+
+    /// Every live member said `done`: a key this node lacks is new.
+    pub fn complete(&self) -> bool {
+        self.complete.load(Ordering::Acquire)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Arc<str>, Progress>> {
+        self.members.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The members a lacking key must still be pulled from (all but those
+    /// done), and whether each speaks protocol 3.
+    pub fn sources(&self) -> Vec<(Arc<str>, bool)> {
+        self.lock()
+            .iter()
+            .filter(|(_, p)| p.standing != Standing::Done)
+            .map(|(id, p)| (id.clone(), p.standing != Standing::Legacy))
+            .collect()
+    }
+
+    pub fn progress(&self) -> Vec<(Arc<str>, Progress)> {
+        self.lock()
+            .iter()
+            .map(|(id, p)| (id.clone(), p.clone()))
+            .collect()
+    }
+
+    pub fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    /// How long the transfer took, once complete.
+    pub fn took(&self) -> Option<Duration> {
+        *self.finished.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    pub fn cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    pub fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    fn update(&self, node: &str, f: impl FnOnce(&mut Progress)) {
+        let mut members = self.lock();
+        if let Some(p) = members.get_mut(node) {
+            f(p);
+        }
+        self.recheck(&members);
+    }
+
+    fn recheck(&self, members: &BTreeMap<Arc<str>, Progress>) {
+        if !self.complete() && members.values().all(|p| p.standing == Standing::Done) {
+            *self.finished.lock().unwrap_or_else(|p| p.into_inner()) = Some(self.started.elapsed());
+            self.complete.store(true, Ordering::Release);
+        }
+    }
+
+    /// Members no longer live are no longer waited for: what they held is
+    /// gone with them (their replicas answer for them).
+    pub fn prune(&self, live: &[Member]) {
+        let mut members = self.lock();
+        members.retain(|id, _| live.iter().any(|m| m.node_id == *id));
+        self.recheck(&members);
+    }
+}
+
+/// States per page, and the bytes a page may reach (a sliding-window log
+/// of 10,000 entries is ~160 KB: a page holds at least one key).
+pub const PAGE_ITEMS: usize = 500;
+pub const PAGE_BYTES: usize = 1 << 20;
+
+/// How long a holder may wait for its ring to become the asker's before it
+/// answers "not yet".
+const HOLDER_WAIT: Duration = Duration::from_millis(500);
+
+impl Limiter {
+    /// Ask every pending member of `incoming` for this node's keys, page by
+    /// page, until each says `done` or the view is replaced.
+    pub(super) fn start_transfer(&self, incoming: Arc<Incoming>) {
+        for (node, protocol_3) in incoming.sources() {
+            if !protocol_3 {
+                continue;
+            }
+            let limiter = self.clone();
+            let incoming = incoming.clone();
+            tokio::spawn(async move {
+                let cancel = incoming.cancel.clone();
+                tokio::select! {
+                    _ = cancel.cancelled() => {}
+                    _ = limiter.transfer_from(&node, &incoming) => {}
+                }
+            });
+        }
+    }
+
+    async fn transfer_from(&self, node: &Arc<str>, incoming: &Incoming) {
+        let peers = &self.shared.peers;
+        let metrics = &self.shared.metrics.cluster;
+        let mut cursor = 0u64;
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match peers
+                .transfer_page(node, incoming.epoch, incoming.view, cursor, HOLDER_WAIT)
+                .await
+            {
+                Ok(page) if page.mismatch => {
+                    // Its ring is not this one yet (gossip still spreading
+                    // the change), or it is still sorting its keys out.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Ok(page) => {
+                    let n = page.states.len() as u64;
+                    if !self.merge_received(incoming, page.states) {
+                        return; // a newer view took over
+                    }
+                    incoming.received.fetch_add(n, Ordering::Relaxed);
+                    metrics.transfer_received.inc_by(n);
+                    cursor = page.next;
+                    backoff = Duration::from_millis(50);
+                    incoming.update(node, |p| {
+                        p.received += n;
+                        p.failures = 0;
+                        p.standing = if page.done {
+                            Standing::Done
+                        } else {
+                            Standing::Pending
+                        };
+                    });
+                    if page.done {
+                        if incoming.complete() {
+                            tracing::debug!(view = incoming.view, took = ?incoming.took(), received = incoming.received(), "ownership transfer complete");
+                        }
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(peer = %node, error = %e, "transfer page failed; will retry");
+                    incoming.update(node, |p| {
+                        p.standing = Standing::Unreachable;
+                        p.failures += 1;
+                    });
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
+    /// Merge states received for `incoming`'s view: as this node's count
+    /// where the holder held it as its own, as copies otherwise. Refused
+    /// (false) once a newer view replaced it: this node's holdings for the
+    /// newer view are sorted out from one scan of the store, which must not
+    /// miss a key merged after it (the `gate`).
+    pub(super) fn merge_received(&self, incoming: &Incoming, states: Vec<Received>) -> bool {
+        let _gate = self.shared.gate.read().unwrap_or_else(|p| p.into_inner());
+        if incoming.cancelled() {
+            return false;
+        }
+        let now = self.now();
+        for r in states {
+            let holding = if r.copy {
+                Holding::Copy
+            } else {
+                Holding::Owned
+            };
+            self.shared.store.merge(&r.key, r.snapshot, now, holding);
+        }
+        true
+    }
+}
+
+impl Limiter {
+    /// Publish the transfer's progress in `/metrics` (called on every view
+    /// and periodically), and warn about members silent past
+    /// `handoff_timeout`.
+    pub fn export_transfer(&self) {
+        let t = self.shared.topology.load_full();
+        let incoming = &t.incoming;
+        let m = &self.shared.metrics.cluster;
+        m.transfer_view.set(t.view as i64);
+        m.transfer_complete.set(i64::from(incoming.complete()));
+        let progress = incoming.progress();
+        for standing in [
+            Standing::Pending,
+            Standing::Done,
+            Standing::Unreachable,
+            Standing::Legacy,
+        ] {
+            let n = progress
+                .iter()
+                .filter(|(_, p)| p.standing == standing)
+                .count();
+            m.transfer_members
+                .get_or_create(&vec![("standing", standing.name())])
+                .set(n as i64);
+        }
+        let late = incoming.started().elapsed() > self.shared.settings.handoff_timeout;
+        let stalled: Vec<&Arc<str>> = progress
+            .iter()
+            .filter(|(_, p)| {
+                late && matches!(p.standing, Standing::Pending | Standing::Unreachable)
+            })
+            .map(|(id, _)| id)
+            .collect();
+        if !stalled.is_empty() && m.transfer_stalled.get() == 0 {
+            tracing::warn!(view = t.view, members = ?stalled, "ownership transfer: members silent past handoff_timeout");
+        }
+        m.transfer_stalled.set(stalled.len() as i64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(id: &str, protocol: u32) -> Member {
+        Member {
+            node_id: id.into(),
+            generation: 1,
+            grpc_addr: String::new(),
+            protocol,
+        }
+    }
+
+    #[test]
+    fn complete_once_every_live_member_is_done() {
+        let members = [member("a", 3), member("b", 3)];
+        let t = Incoming::new(1, 9, members.iter());
+        assert!(!t.complete());
+        assert_eq!(t.sources().len(), 2);
+        t.update("a", |p| p.standing = Standing::Done);
+        assert!(!t.complete());
+        assert_eq!(t.sources(), vec![(Arc::from("b"), true)]);
+        // b leaves the live set: nothing more can come from it.
+        t.prune(&members[..1]);
+        assert!(t.complete());
+        assert!(t.sources().is_empty());
+        assert!(t.took().is_some());
+    }
+
+    #[test]
+    fn a_protocol_2_member_never_completes_it() {
+        let members = [member("old", 2)];
+        let t = Incoming::new(1, 9, members.iter());
+        assert_eq!(t.sources(), vec![(Arc::from("old"), false)]);
+        assert!(!t.complete());
+        assert!(Incoming::new(2, 9, [].iter()).complete(), "alone: complete");
+    }
+}
