@@ -322,7 +322,9 @@ impl Rules {
 }
 
 /// Limits matched by one request, after `replaces`: a named limit replaced
-/// by another matched limit is dropped. Unlimited rules replace too.
+/// by another matched limit is dropped. Unlimited rules replace others but
+/// are never dropped themselves (upstream sets them aside before it looks
+/// at names), so they keep answering with everything left.
 pub fn apply_replaces(limits: &mut [Option<Found>]) {
     let replaced: BTreeSet<String> = limits
         .iter()
@@ -332,6 +334,7 @@ pub fn apply_replaces(limits: &mut [Option<Found>]) {
     for slot in limits.iter_mut() {
         if slot
             .as_ref()
+            .filter(|f| f.limit.spec.is_some())
             .and_then(|f| f.limit.name.as_ref())
             .is_some_and(|n| replaced.contains(n))
         {

@@ -336,6 +336,16 @@ fn replaces_drops_the_named_limit() {
     apply_replaces(&mut limits);
     assert!(limits[0].is_none());
     assert_eq!(limits[1].as_ref().unwrap().limit.requests_per_unit, 9);
+    // An unlimited rule is never replaced away.
+    let r = rules(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, name: free}\n  - key: b\n    rate_limit:\n      unit: second\n      requests_per_unit: 9\n      replaces: [{name: free}]\n",
+    );
+    let mut limits = vec![r.find("d", &[("a", "1")]), r.find("d", &[("b", "1")])];
+    apply_replaces(&mut limits);
+    assert_eq!(
+        limits[0].as_ref().unwrap().limit.name.as_deref(),
+        Some("free")
+    );
 }
 
 #[test]
