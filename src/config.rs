@@ -232,6 +232,14 @@ pub struct EnvoyConfig {
     pub rules_path: Option<PathBuf>,
     /// Add quota headers to Envoy's answers (`response_headers_to_add`).
     pub response_headers: bool,
+    /// envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG: files naming the same
+    /// domain are merged into one (off: a second file for a domain is
+    /// refused).
+    pub merge_domain_config: bool,
+    /// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA: answers carry
+    /// `dynamic_metadata` (the request's descriptors and the matched rules'
+    /// `metadata`).
+    pub response_dynamic_metadata: bool,
 }
 
 /// A named limit in the config file.

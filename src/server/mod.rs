@@ -243,7 +243,7 @@ impl Node {
             max_log_entries: config.limits.max_log_entries,
         };
         if let Some(path) = &config.envoy.rules_path {
-            watch::load_rules(path, &bounds, &limiter)
+            watch::load_rules(path, &config.envoy, &bounds, &limiter)
                 .map_err(|e| ConfigError(format!("envoy.rules_path: {e}")))?;
         }
         let peer = PeerService::new(
@@ -336,6 +336,7 @@ impl Node {
         if let Some(path) = &config.envoy.rules_path {
             tasks.spawn(watch::rules(
                 path.clone(),
+                config.envoy.clone(),
                 bounds,
                 limiter.clone(),
                 shutdown.clone(),

@@ -4,7 +4,10 @@
 //!
 //! Editors replace files (write a temporary, rename it over) and Kubernetes
 //! swaps a ConfigMap's `..data` symlink, so both watchers watch a directory,
-//! not a file, and settle a burst of events into one reload.
+//! not a file, and settle a burst of events into one reload. Only events
+//! about the files that are loaded count (a log written next to them is
+//! not a reason to reload), and the rules reload only when their content
+//! changed.
 
 use std::ffi::OsString;
 use std::future::Future;
@@ -18,26 +21,19 @@ use tokio_util::sync::CancellationToken;
 use super::StartError;
 use crate::algorithm::Bounds;
 use crate::cluster::membership::Membership;
-use crate::config::{Config, Sources};
+use crate::config::{Config, EnvoyConfig, Sources};
 use crate::limiter::Limiter;
-use crate::policy::rules::Rules;
+use crate::policy::rules::{self, Rules, RulesError};
 
-/// Watch `dir`; with `name`, only events about that file count.
+/// Watch `dir`; only events about a path `relevant` accepts count.
 fn watch_dir(
     dir: &Path,
-    name: Option<OsString>,
+    relevant: impl Fn(&Path) -> bool + Send + 'static,
 ) -> Result<(notify::RecommendedWatcher, mpsc::Receiver<()>), StartError> {
     let (tx, rx) = mpsc::channel::<()>(16);
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let Ok(event) = event else { return };
-        let relevant = match &name {
-            None => true,
-            Some(n) => event
-                .paths
-                .iter()
-                .any(|p| p.file_name() == Some(n.as_os_str())),
-        };
-        if relevant {
+        if event.paths.iter().any(|p| relevant(p)) {
             // A full channel already holds a pending reload.
             let _ = tx.try_send(());
         }
@@ -85,7 +81,10 @@ pub fn config(
     membership: Membership,
     token: CancellationToken,
 ) -> Result<impl Future<Output = ()>, StartError> {
-    let (watcher, rx) = watch_dir(&parent(&path), path.file_name().map(|n| n.to_os_string()))?;
+    let name: Option<OsString> = path.file_name().map(|n| n.to_os_string());
+    let (watcher, rx) = watch_dir(&parent(&path), move |p| {
+        name.as_deref().is_none_or(|n| p.file_name() == Some(n))
+    })?;
     Ok(reload_on_change(watcher, rx, token, move || {
         let (sources, running, limiter, membership) = (
             sources.clone(),
@@ -128,39 +127,90 @@ fn reload_config(sources: &Sources, running: &Config, limiter: &Limiter) -> Opti
 /// Load the Envoy rules at `path` (a file or a directory) into the limiter.
 pub fn load_rules(
     path: &Path,
+    envoy: &EnvoyConfig,
     bounds: &Bounds,
     limiter: &Limiter,
-) -> Result<(), crate::policy::rules::RulesError> {
-    let rules = Rules::load(path, bounds)?;
+) -> Result<(), RulesError> {
+    let files = rules::read_files(path)?;
+    apply_rules(path, &files, envoy, bounds, limiter)
+}
+
+fn apply_rules(
+    path: &Path,
+    files: &[(PathBuf, String)],
+    envoy: &EnvoyConfig,
+    bounds: &Bounds,
+    limiter: &Limiter,
+) -> Result<(), RulesError> {
+    let rules = Rules::from_files(files, bounds, envoy.merge_domain_config)?;
+    if rules.has_metadata() && !envoy.response_dynamic_metadata {
+        tracing::warn!(
+            path = %path.display(),
+            "envoy rules: `metadata` is accepted but not sent anywhere; \
+             set envoy.response_dynamic_metadata = true to send it to Envoy"
+        );
+    }
     tracing::info!(domains = rules.domains(), path = %path.display(), "envoy rules loaded");
     limiter.set_rules(rules);
     Ok(())
 }
 
-/// Reload the Envoy rules when anything in their directory changes (a
-/// ConfigMap's symlink swap included).
+/// Reload the Envoy rules when a rule file in their directory changes (a
+/// ConfigMap's symlink swap included) and its content is new. A rewrite
+/// with the same content is counted as `result="unchanged"` in
+/// `sluice_config_reloads_total` and reloads nothing.
 pub fn rules(
     path: PathBuf,
+    envoy: EnvoyConfig,
     bounds: Bounds,
     limiter: Limiter,
     token: CancellationToken,
 ) -> Result<impl Future<Output = ()>, StartError> {
-    let dir = if path.is_dir() {
-        path.clone()
+    let (dir, only) = if path.is_dir() {
+        (path.clone(), None)
     } else {
-        parent(&path)
+        (parent(&path), path.file_name().map(|n| n.to_os_string()))
     };
-    let (watcher, rx) = watch_dir(&dir, None)?;
+    let (watcher, rx) = watch_dir(&dir, move |p| {
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        // The kubelet swaps a ConfigMap in one rename of `..data_tmp` to
+        // `..data`; the files themselves are symlinks that never change.
+        name.starts_with("..data")
+            || match &only {
+                Some(n) => p.file_name() == Some(n.as_os_str()),
+                None => rules::is_rule_file(p),
+            }
+    })?;
+    // What was last loaded (or last refused): the same content again is
+    // not a change.
+    let mut last = Some(limiter.rules().fingerprint());
     Ok(reload_on_change(watcher, rx, token, move || {
-        let (path, limiter) = (path.clone(), limiter.clone());
-        async move {
-            match load_rules(&path, &bounds, &limiter) {
-                Ok(()) => limiter.metrics().reloaded(true),
-                Err(e) => {
-                    limiter.metrics().reloaded(false);
-                    tracing::error!(error = %e, "envoy rules reload refused; the previous rules keep serving");
-                }
+        let files = match rules::read_files(&path) {
+            Ok(files) => files,
+            Err(e) => {
+                limiter.metrics().reloaded(false);
+                tracing::error!(error = %e, "envoy rules reload refused; the previous rules keep serving");
+                return std::future::ready(());
+            }
+        };
+        let seen = rules::fingerprint(&files);
+        if last == Some(seen) {
+            limiter
+                .metrics()
+                .reloads
+                .get_or_create(&vec![("result", "unchanged")])
+                .inc();
+            tracing::debug!(path = %path.display(), "envoy rules unchanged; not reloaded");
+            return std::future::ready(());
+        }
+        last = Some(seen);
+        match apply_rules(&path, &files, &envoy, &bounds, &limiter) {
+            Ok(()) => limiter.metrics().reloaded(true),
+            Err(e) => {
+                limiter.metrics().reloaded(false);
+                tracing::error!(error = %e, "envoy rules reload refused; the previous rules keep serving");
             }
         }
+        std::future::ready(())
     }))
 }

@@ -2,10 +2,15 @@
 //! Istio, Envoy Gateway and Contour use Sluice with no code. Converts Envoy's
 //! descriptors, asks the limiter to decide them together, converts back.
 //!
-//! Mapping choices:
-//! - `overall_code` is `OVER_LIMIT` if any descriptor is; every descriptor
-//!   gets a status, `OK` with no `current_limit` when no rule matches, and
-//!   `limit_remaining = u32::MAX` for an `unlimited` rule.
+//! Mapping choices (envoyproxy/ratelimit's where it has one):
+//! - `overall_code` is `OVER_LIMIT` if any descriptor is, except that
+//!   descriptors of `quota_mode` rules refuse only all together: one over
+//!   its quota while another quota descriptor passes leaves the request OK
+//!   (its own status still says `OVER_LIMIT`).
+//! - Every descriptor gets a status: `OK` with no `current_limit` when no
+//!   rule matches, `limit_remaining = u32::MAX` for an `unlimited` rule, and
+//!   `limit_remaining = 0` whenever the limit was exceeded (shadow mode
+//!   included), as upstream.
 //! - An answer with status `UNAVAILABLE` (owner unreachable, policy `deny`)
 //!   makes the whole call a gRPC `UNAVAILABLE` error, so Envoy's
 //!   `failure_mode_deny` decides what the request gets.
@@ -15,14 +20,21 @@
 //! - With `envoy.response_headers` on, the quota headers of the most
 //!   restrictive descriptor (refused first, else least remaining) go in
 //!   `response_headers_to_add`.
+//! - With `envoy.response_dynamic_metadata` on, `dynamic_metadata` carries
+//!   upstream's shape: the domain, the descriptors, `hitsAddend`, and the
+//!   rules' `metadata` of the descriptors that passed, merged.
 
 use std::time::Duration;
+
+use prost_types::value::Kind;
+use prost_types::{ListValue, Struct, Value};
 
 use tonic::{Request, Response, Status as GrpcStatus};
 
 use super::headers::{self, Families, Quota};
-use crate::limiter::{Descriptor, DescriptorOutcome, Limiter, Status};
+use crate::limiter::{Descriptor, DescriptorOutcome, Limiter, Reason, Status};
 use crate::policy::rules::Unit;
+use crate::policy::rules::{Metadata, RuleLimit};
 use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::envoy::service::ratelimit::v3 as rls;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
@@ -36,6 +48,8 @@ pub struct RlsService {
     max_key_bytes: usize,
     /// Families of `response_headers_to_add`; None: no headers.
     headers: Option<Families>,
+    /// Fill `dynamic_metadata` (upstream's RESPONSE_DYNAMIC_METADATA).
+    dynamic_metadata: bool,
 }
 
 impl RlsService {
@@ -44,7 +58,14 @@ impl RlsService {
             limiter,
             max_key_bytes,
             headers,
+            dynamic_metadata: false,
         }
+    }
+
+    /// Fill `dynamic_metadata` in answers (`envoy.response_dynamic_metadata`).
+    pub fn with_dynamic_metadata(mut self, on: bool) -> RlsService {
+        self.dynamic_metadata = on;
+        self
     }
 }
 
@@ -117,12 +138,13 @@ impl RateLimitService for RlsService {
             .await
             .map_err(|e| GrpcStatus::invalid_argument(e.to_string()))?;
         let now = self.limiter.now();
-        let mut response = rls::RateLimitResponse {
-            overall_code: Code::Ok as i32,
-            ..Default::default()
-        };
-        let mut strictest: Option<&crate::limiter::Verdict> = None;
+        let mut response = rls::RateLimitResponse::default();
+        let mut strictest: Option<(&crate::limiter::Verdict, bool)> = None;
         let mut delay = 0;
+        // Upstream's count: any refusing descriptor refuses the request;
+        // quota descriptors only when every one of them is over.
+        let (mut refused, mut quotas, mut quotas_over) = (0, 0, 0);
+        let mut passed = Vec::new();
         for outcome in &outcomes {
             let status = match outcome {
                 DescriptorOutcome::NoRule => DescriptorStatus {
@@ -142,19 +164,27 @@ impl RateLimitService for RlsService {
                         )));
                     }
                     let over = verdict.status == Status::OverLimit;
-                    if over {
-                        response.overall_code = Code::OverLimit as i32;
+                    let exceeded = over || verdict.reason == Reason::Shadow;
+                    quotas += usize::from(rule.quota_mode);
+                    match (over, rule.quota_mode) {
+                        (true, true) => quotas_over += 1,
+                        (true, false) => refused += 1,
+                        (false, _) => passed.push(rule),
                     }
+                    // A quota descriptor over its quota does not refuse by
+                    // itself: for the headers it ranks as a pass with
+                    // nothing left.
+                    let refusing = over && !rule.quota_mode;
                     let stricter = match strictest {
                         None => true,
-                        Some(s) => {
-                            (over && s.status != Status::OverLimit)
-                                || (over == (s.status == Status::OverLimit)
+                        Some((s, s_refusing)) => {
+                            (refusing && !s_refusing)
+                                || (refusing == s_refusing
                                     && verdict.decision.remaining < s.decision.remaining)
                         }
                     };
                     if stricter {
-                        strictest = Some(verdict);
+                        strictest = Some((verdict, refusing));
                     }
                     delay = delay.max(verdict.decision.delay);
                     DescriptorStatus {
@@ -164,8 +194,11 @@ impl RateLimitService for RlsService {
                             requests_per_unit: rule.requests_per_unit,
                             unit: unit_to_wire(rule.unit) as i32,
                         }),
-                        limit_remaining: u32::try_from(verdict.decision.remaining)
-                            .unwrap_or(u32::MAX),
+                        limit_remaining: if exceeded {
+                            0
+                        } else {
+                            u32::try_from(verdict.decision.remaining).unwrap_or(u32::MAX)
+                        },
                         duration_until_reset: Some(duration(
                             verdict.decision.reset_at.saturating_sub(now),
                         )),
@@ -175,17 +208,29 @@ impl RateLimitService for RlsService {
             };
             response.statuses.push(status);
         }
-        if let (Some(families), Some(v)) = (self.headers, strictest) {
+        response.overall_code = if refused > 0 || (quotas > 0 && quotas == quotas_over) {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        } as i32;
+        if self.dynamic_metadata {
+            response.dynamic_metadata = Some(dynamic_metadata(&r, &passed));
+        }
+        if let (Some(families), Some((v, refusing))) = (self.headers, strictest) {
             let quota = Quota {
                 policy: &v.label,
                 limit: v.decision.limit,
-                remaining: v.decision.remaining,
+                remaining: if v.status == Status::OverLimit || v.reason == Reason::Shadow {
+                    0
+                } else {
+                    v.decision.remaining
+                },
                 reset_in: Duration::from_nanos(v.decision.reset_at.saturating_sub(now)),
                 window: Duration::from_nanos(v.window),
                 retry_after: v
                     .decision
                     .retry_after
-                    .filter(|_| v.status == Status::OverLimit)
+                    .filter(|_| refusing)
                     .map(Duration::from_nanos),
             };
             response.response_headers_to_add = headers::headers(&quota, families)
@@ -205,5 +250,115 @@ impl RateLimitService for RlsService {
             });
         }
         Ok(Response::new(response))
+    }
+}
+
+/// Upstream's `dynamic_metadata`: `domain`; `descriptors`, each with its
+/// `entries` as `key=value`, its `limit` override (as text,
+/// `requests_per_unit:N unit:U`) and its `hitsAddend` when set; the
+/// request's `hitsAddend` when not 0; and `metadata`, the rules' metadata
+/// of the descriptors that passed, merged (the first value of a key wins,
+/// maps merge key by key).
+fn dynamic_metadata(r: &rls::RateLimitRequest, passed: &[&std::sync::Arc<RuleLimit>]) -> Struct {
+    let mut fields = std::collections::BTreeMap::new();
+    fields.insert("domain".to_string(), string(&r.domain));
+    let descriptors = r
+        .descriptors
+        .iter()
+        .map(|d| {
+            let mut f = std::collections::BTreeMap::new();
+            let entries = d
+                .entries
+                .iter()
+                .map(|e| string(&format!("{}={}", e.key, e.value)))
+                .collect();
+            f.insert("entries".to_string(), list(entries));
+            if let Some(l) = &d.limit {
+                let unit = RateLimitUnit::try_from(l.unit).map_or("UNKNOWN", |u| u.as_str_name());
+                f.insert(
+                    "limit".to_string(),
+                    string(&format!(
+                        "requests_per_unit:{} unit:{unit}",
+                        l.requests_per_unit
+                    )),
+                );
+            }
+            if let Some(h) = d.hits_addend {
+                f.insert("hitsAddend".to_string(), number(h as f64));
+            }
+            structure(Struct { fields: f })
+        })
+        .collect();
+    fields.insert("descriptors".to_string(), list(descriptors));
+    if r.hits_addend != 0 {
+        fields.insert("hitsAddend".to_string(), number(f64::from(r.hits_addend)));
+    }
+    let mut merged = Metadata::new();
+    for rule in passed {
+        if let Some(m) = &rule.metadata {
+            merge(&mut merged, m);
+        }
+    }
+    if !merged.is_empty() {
+        fields.insert(
+            "metadata".to_string(),
+            json(&serde_json::Value::Object(merged)),
+        );
+    }
+    Struct { fields }
+}
+
+/// Add `src`'s keys that `dest` lacks; where both hold maps, recursively.
+fn merge(dest: &mut Metadata, src: &Metadata) {
+    for (k, v) in src {
+        match (dest.get_mut(k), v) {
+            (Some(serde_json::Value::Object(d)), serde_json::Value::Object(s)) => merge(d, s),
+            (Some(_), _) => {}
+            (None, _) => {
+                dest.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+fn json(v: &serde_json::Value) -> Value {
+    use serde_json::Value as J;
+    match v {
+        J::Null => Value {
+            kind: Some(Kind::NullValue(0)),
+        },
+        J::Bool(b) => Value {
+            kind: Some(Kind::BoolValue(*b)),
+        },
+        J::Number(n) => number(n.as_f64().unwrap_or_default()),
+        J::String(s) => string(s),
+        J::Array(items) => list(items.iter().map(json).collect()),
+        J::Object(m) => structure(Struct {
+            fields: m.iter().map(|(k, v)| (k.clone(), json(v))).collect(),
+        }),
+    }
+}
+
+fn string(s: &str) -> Value {
+    Value {
+        kind: Some(Kind::StringValue(s.to_string())),
+    }
+}
+
+fn number(n: f64) -> Value {
+    Value {
+        kind: Some(Kind::NumberValue(n)),
+    }
+}
+
+fn list(values: Vec<Value>) -> Value {
+    Value {
+        kind: Some(Kind::ListValue(ListValue { values })),
+    }
+}
+
+fn structure(s: Struct) -> Value {
+    Value {
+        kind: Some(Kind::StructValue(s)),
     }
 }

@@ -101,11 +101,10 @@ impl Services {
                 config.limits.clone(),
             ))
             .max_decoding_message_size(max),
-            envoy: RateLimitServiceServer::new(RlsService::new(
-                limiter.clone(),
-                config.limits.max_key_bytes,
-                families,
-            ))
+            envoy: RateLimitServiceServer::new(
+                RlsService::new(limiter.clone(), config.limits.max_key_bytes, families)
+                    .with_dynamic_metadata(config.envoy.response_dynamic_metadata),
+            )
             .max_decoding_message_size(max),
             admin: AdminServer::new(admin).max_decoding_message_size(max),
             peer: PeerServer::new(peer).max_decoding_message_size(max),
