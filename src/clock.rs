@@ -3,11 +3,31 @@
 //! Decisions need epoch nanoseconds (so a state means the same on every
 //! node) that never jump (so NTP stepping the wall clock cannot refund a
 //! bucket mid-flight). [`SystemClock`] reads the wall clock once at boot and
-//! adds monotonic time since; [`FakeClock`] lets tests drive time by hand.
+//! adds the time since on `CLOCK_BOOTTIME` — monotonic, and counting time
+//! the machine was suspended (`Instant` does not: a node resumed from a
+//! suspend would stamp its states in the past, and its peers would refill
+//! them); [`FakeClock`] lets tests drive time by hand.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Nanoseconds since boot, counting time suspended (`CLOCK_BOOTTIME`).
+pub fn boot_time() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_BOOTTIME exists on
+    // every Linux since 2.6.39 and cannot fail with a valid pointer.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
 
 use crate::algorithm::Nanos;
 
@@ -19,11 +39,11 @@ pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
 /// A shared clock handle.
 pub type SharedClock = Arc<dyn Clock>;
 
-/// Wall time at boot plus monotonic time since.
+/// Wall time at boot plus boot-clock time since.
 #[derive(Debug)]
 pub struct SystemClock {
     boot_wall: Nanos,
-    boot: Instant,
+    boot: u64,
 }
 
 impl SystemClock {
@@ -34,7 +54,7 @@ impl SystemClock {
             .unwrap_or(0);
         SystemClock {
             boot_wall,
-            boot: Instant::now(),
+            boot: boot_time(),
         }
     }
 }
@@ -47,8 +67,8 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now(&self) -> Nanos {
-        let since = u64::try_from(self.boot.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.boot_wall.saturating_add(since)
+        self.boot_wall
+            .saturating_add(boot_time().saturating_sub(self.boot))
     }
 }
 

@@ -36,15 +36,16 @@ pub struct Report {
     pub seq: u64,
     pub hits: u64,
     pub at: Nanos,
-    /// The key's reset generation these hits were spent under: an owner
-    /// drops spending from before a reset.
-    pub reset_gen: u64,
+    /// The key's reset generation these hits were spent under (an owner
+    /// drops spending from before a reset); None when this edge never saw
+    /// the key's generation (applied whatever it is).
+    pub reset_gen: Option<u64>,
 }
 
 #[derive(Debug)]
 struct Pending {
     spec: Spec,
-    reset_gen: u64,
+    reset_gen: Option<u64>,
     /// Admitted since the report in flight was cut.
     unsent: u64,
     last_at: Nanos,
@@ -154,7 +155,12 @@ impl Leases {
     /// is bounded by the callers' admission checks; a key already queued
     /// always accumulates.
     pub fn record(&self, key: &[u8], spec: &Spec, hits: u64, now: Nanos) {
-        let reset_gen = self.inner.seen.reset_gen(key);
+        // The generation this edge knows the key under, if it saw it.
+        let reset_gen = self
+            .inner
+            .seen
+            .contains(key)
+            .then(|| self.inner.seen.reset_gen(key));
         let mut pending = self.pending();
         let p = pending.entry(Arc::from(key)).or_insert_with(|| Pending {
             spec: *spec,
@@ -164,8 +170,11 @@ impl Leases {
             in_flight: None,
         });
         if reset_gen > p.reset_gen {
-            // Spending from before a reset: the owner would drop it.
-            p.unsent = 0;
+            // A newer generation: unsent spending from before the reset
+            // would be dropped by the owner.
+            if p.reset_gen.is_some() {
+                p.unsent = 0;
+            }
             p.reset_gen = reset_gen;
         }
         p.spec = *spec;

@@ -92,7 +92,7 @@ proptest! {
                     reports.push(r);
                 }
                 Op::Reset => {
-                    old.reset(key, now);
+                    old.reset(key, now, None).unwrap();
                 }
             }
             if let Some(s) = old.snapshot(key) {
@@ -113,7 +113,7 @@ proptest! {
         arrivals = keyed.into_iter().map(|(_, c)| c).collect();
         let new = Store::new(16);
         for &c in &arrivals {
-            new.merge(key, copies[c].clone(), now, Holding::Owned);
+            new.merge(key, copies[c].clone(), now, Holding::Owned, None);
         }
         // The new owner has the lineage's latest generation and version...
         let (a, b) = (old.snapshot(key).unwrap(), new.snapshot(key).unwrap());
@@ -156,12 +156,12 @@ fn a_late_copy_from_before_a_reset_is_ignored() {
         old.decide(key, &spec, Request::hits(1), BASE);
     }
     let before_reset = old.snapshot(key).unwrap();
-    old.reset(key, BASE);
+    old.reset(key, BASE, None).unwrap();
     old.decide(key, &spec, Request::hits(1), BASE);
     let after_reset = old.snapshot(key).unwrap();
     let new = Store::new(4);
-    new.merge(key, after_reset, BASE, Holding::Copy);
-    new.merge(key, before_reset, BASE, Holding::Copy);
+    new.merge(key, after_reset, BASE, Holding::Copy, None);
+    new.merge(key, before_reset, BASE, Holding::Copy, None);
     let d = new.decide(key, &spec, Request::hits(0), BASE);
     assert_eq!(d.remaining, 9, "the reset stands: {d:?}");
 }

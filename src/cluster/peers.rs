@@ -91,6 +91,8 @@ pub struct TransferPage {
     pub next: u64,
     pub done: bool,
     pub mismatch: bool,
+    /// The holder's view `next` belongs to.
+    pub holder_view: u64,
 }
 
 /// A key's owner's answer to a reset.
@@ -287,9 +289,19 @@ impl Peers {
                 self.inner.metrics.breaker_rejections.inc();
                 return Err(ForwardError::BreakerOpen(node_id.to_string()));
             }
-            Allow::Probe => return peer.sender.send(vec![item]).await.map(|mut r| r.remove(0)),
+            Allow::Probe => {
+                return peer
+                    .sender
+                    .send(vec![item], true)
+                    .await
+                    .map(|mut r| r.remove(0));
+            }
             Allow::Yes if unbatched => {
-                return peer.sender.send(vec![item]).await.map(|mut r| r.remove(0));
+                return peer
+                    .sender
+                    .send(vec![item], false)
+                    .await
+                    .map(|mut r| r.remove(0));
             }
             Allow::Yes => {}
         }
@@ -313,8 +325,8 @@ impl Peers {
         node_id: &str,
         items: Vec<pb::ReportItem>,
     ) -> Result<Vec<i32>, ForwardError> {
-        let peer = self.admit(node_id)?;
-        peer.sender.report(items).await
+        let (peer, probe) = self.admit(node_id)?;
+        peer.sender.report(items, probe).await
     }
 
     /// Merge these states at `node_id` (replicas, handoff). Protocol 2.
@@ -324,7 +336,7 @@ impl Peers {
         kind: pb::SyncKind,
         states: Vec<pb::KeyState>,
     ) -> Result<u32, ForwardError> {
-        let peer = self.admit(node_id)?;
+        let (peer, probe) = self.admit(node_id)?;
         let request = pb::SyncRequest {
             protocol_version: PEER_PROTOCOL_VERSION,
             from_node: self.inner.self_id.to_string(),
@@ -332,16 +344,20 @@ impl Peers {
             states,
         };
         peer.sender
-            .call(request, Duration::ZERO, |mut c, r| async move {
-                c.sync(r).await
-            })
+            .call(
+                request,
+                None,
+                probe,
+                |mut c, r| async move { c.sync(r).await },
+            )
             .await
             .map(|r| r.merged)
     }
 
     /// Take the states `node_id` holds for `keys` (encoded), waiting at
     /// most `wait` for its ring to be `view`'s (protocol 3; None: a
-    /// protocol-2 peer, which has no views).
+    /// protocol-2 peer, which has no views). A holder answers up to a
+    /// page's bytes per call: the rest are asked again, within `wait`.
     pub async fn pull(
         &self,
         node_id: &str,
@@ -349,7 +365,41 @@ impl Peers {
         view: Option<(u64, u64)>,
         wait: Duration,
     ) -> Result<Pulled, ForwardError> {
-        let peer = self.admit(node_id)?;
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut states = Vec::with_capacity(keys.len());
+        while states.len() < keys.len() {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Err(ForwardError::Unreachable {
+                    peer: node_id.to_string(),
+                    reason: "deadline exceeded between pull calls".into(),
+                });
+            }
+            match self
+                .pull_once(node_id, &keys[states.len()..], view, left)
+                .await?
+            {
+                Pulled::Mismatch => return Ok(Pulled::Mismatch),
+                Pulled::States(part) if part.is_empty() => {
+                    return Err(ForwardError::Unreachable {
+                        peer: node_id.to_string(),
+                        reason: "answered no key".into(),
+                    });
+                }
+                Pulled::States(part) => states.extend(part),
+            }
+        }
+        Ok(Pulled::States(states))
+    }
+
+    async fn pull_once(
+        &self,
+        node_id: &str,
+        keys: &[Vec<u8>],
+        view: Option<(u64, u64)>,
+        wait: Duration,
+    ) -> Result<Pulled, ForwardError> {
+        let (peer, probe) = self.admit(node_id)?;
         let n = keys.len();
         let refs = keys
             .iter()
@@ -362,22 +412,27 @@ impl Peers {
             })
             .collect();
         let (ring_epoch, view) = view.unwrap_or((0, 0));
+        // The holder waits a tenth less than the call: its answer has to
+        // travel back.
+        let holder_wait = wait.saturating_sub(wait / 10);
         let request = pb::PullRequest {
             protocol_version: PEER_PROTOCOL_VERSION,
             from_node: self.inner.self_id.to_string(),
             keys: refs,
             ring_epoch,
             view,
-            wait_ns: wait.as_nanos() as u64,
+            wait_ns: holder_wait.as_nanos() as u64,
         };
         let response = peer
             .sender
-            .call(request, wait, |mut c, r| async move { c.pull(r).await })
+            .call(request, Some(wait), probe, |mut c, r| async move {
+                c.pull(r).await
+            })
             .await?;
         if response.mismatch {
             return Ok(Pulled::Mismatch);
         }
-        if response.results.len() != n {
+        if response.results.len() > n {
             return Err(ForwardError::Unreachable {
                 peer: node_id.to_string(),
                 reason: format!("answered {} results for {n} keys", response.results.len()),
@@ -405,18 +460,19 @@ impl Peers {
         Ok(Pulled::States(states))
     }
 
-    /// One page of what `node_id` holds of this node's keys in the view
-    /// `(epoch, view)`, from `cursor`; the peer waits at most `wait` for
-    /// its ring to be this one. Protocol 3.
+    /// One page of what `node_id` holds of this node's keys in this node's
+    /// view `(epoch, view)`, from `cursor` in the holder's view
+    /// `holder_view`; the holder waits at most `wait` for its ring to be
+    /// this one. Protocol 3.
     pub async fn transfer_page(
         &self,
         node_id: &str,
-        epoch: u64,
-        view: u64,
+        (epoch, view): (u64, u64),
         cursor: u64,
+        holder_view: u64,
         wait: Duration,
     ) -> Result<TransferPage, ForwardError> {
-        let peer = self.admit(node_id)?;
+        let (peer, probe) = self.admit(node_id)?;
         let request = pb::TransferRequest {
             protocol_version: PEER_PROTOCOL_VERSION,
             from_node: self.inner.self_id.to_string(),
@@ -424,10 +480,16 @@ impl Peers {
             view,
             cursor,
             wait_ns: wait.as_nanos() as u64,
+            holder_view,
         };
+        // The holder may wait `wait`; the call lasts that and a forward's
+        // time besides.
+        let timeout = wait + self.inner.settings.timeout;
         let page = peer
             .sender
-            .call(request, wait, |mut c, r| async move { c.transfer(r).await })
+            .call(request, Some(timeout), probe, |mut c, r| async move {
+                c.transfer(r).await
+            })
             .await?;
         let bounds = &self.inner.settings.bounds;
         let mut states = Vec::with_capacity(page.states.len());
@@ -450,6 +512,7 @@ impl Peers {
             next: page.next,
             done: page.done,
             mismatch: page.mismatch,
+            holder_view: page.holder_view,
         })
     }
 
@@ -459,8 +522,9 @@ impl Peers {
         node_id: &str,
         name: &str,
         unique_key: &str,
+        budget: Duration,
     ) -> Result<ResetAnswer, ForwardError> {
-        let peer = self.admit(node_id)?;
+        let (peer, probe) = self.admit(node_id)?;
         let request = pb::ResetRequest {
             protocol_version: PEER_PROTOCOL_VERSION,
             from_node: self.inner.self_id.to_string(),
@@ -469,7 +533,7 @@ impl Peers {
         };
         let r = peer
             .sender
-            .call(request, Duration::ZERO, |mut c, r| async move {
+            .call(request, Some(budget), probe, |mut c, r| async move {
                 c.reset(r).await
             })
             .await?;
@@ -480,14 +544,18 @@ impl Peers {
         })
     }
 
-    /// The peer, if its breaker lets a call through.
-    fn admit(&self, node_id: &str) -> Result<Arc<Peer>, ForwardError> {
+    /// The peer, if its breaker lets a call through, and whether the call
+    /// is the half-open breaker's probe.
+    fn admit(&self, node_id: &str) -> Result<(Arc<Peer>, bool), ForwardError> {
         let peer = self.peer(node_id)?;
-        if peer.sender.breaker.allow() == Allow::No {
-            self.inner.metrics.breaker_rejections.inc();
-            return Err(ForwardError::BreakerOpen(node_id.to_string()));
+        match peer.sender.breaker.allow() {
+            Allow::No => {
+                self.inner.metrics.breaker_rejections.inc();
+                Err(ForwardError::BreakerOpen(node_id.to_string()))
+            }
+            Allow::Probe => Ok((peer, true)),
+            Allow::Yes => Ok((peer, false)),
         }
-        Ok(peer)
     }
 
     /// Breaker states by peer, for metrics and status.
@@ -557,7 +625,7 @@ async fn batch_loop(
         tokio::spawn(async move {
             let (items, replies): (Vec<_>, Vec<_>) =
                 batch.into_iter().map(|p| (p.item, p.reply)).unzip();
-            let outcome = sender.send(items).await;
+            let outcome = sender.send(items, false).await;
             drop(permit);
             outstanding.fetch_sub(1, Ordering::AcqRel);
             done.notify_one();
@@ -614,29 +682,32 @@ impl Sender {
     async fn send(
         &self,
         items: Vec<pb::ForwardItem>,
+        probe: bool,
     ) -> Result<Vec<pb::ForwardResult>, ForwardError> {
-        let attempt = Attempt::new(self);
+        let attempt = Attempt::new(self, probe);
         let outcome = self.send_once(items).await;
         attempt.record(&outcome);
         outcome
     }
 
-    /// One authenticated unary call with the peer's deadline (plus `extra`:
-    /// how long the peer may wait before answering), fault hook and
-    /// breaker; never retried.
+    /// One authenticated unary call with a deadline (`timeout`, else the
+    /// forward timeout), fault hook and breaker; never retried.
     async fn call<Req, Resp, F, Fut>(
         &self,
         request: Req,
-        extra: Duration,
+        timeout: Option<Duration>,
+        probe: bool,
         rpc: F,
     ) -> Result<Resp, ForwardError>
     where
         F: FnOnce(PeerClient<Channel>, tonic::Request<Req>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
     {
-        let attempt = Attempt::new(self);
+        let attempt = Attempt::new(self, probe);
         self.metrics.rpc_attempt(&self.node_id);
-        let timeout = self.timeout + extra;
+        let timeout = timeout
+            .unwrap_or(self.timeout)
+            .max(Duration::from_millis(1));
         let outcome = match self.cut().await {
             Some(e) => Err(e),
             None => {
@@ -669,7 +740,11 @@ impl Sender {
         }
     }
 
-    async fn report(&self, items: Vec<pb::ReportItem>) -> Result<Vec<i32>, ForwardError> {
+    async fn report(
+        &self,
+        items: Vec<pb::ReportItem>,
+        probe: bool,
+    ) -> Result<Vec<i32>, ForwardError> {
         let n = items.len();
         let request = pb::ReportRequest {
             protocol_version: PEER_PROTOCOL_VERSION,
@@ -677,9 +752,12 @@ impl Sender {
             items,
         };
         let r = self
-            .call(request, Duration::ZERO, |mut c, r| async move {
-                c.report(r).await
-            })
+            .call(
+                request,
+                None,
+                probe,
+                |mut c, r| async move { c.report(r).await },
+            )
             .await?;
         if r.outcomes.len() != n {
             return Err(ForwardError::Unreachable {
@@ -701,19 +779,27 @@ impl Sender {
             self.metrics.forward_error(&self.node_id, "timeout");
             return Err(e);
         }
+        // As long as the most patient of its callers waits (each item
+        // carries its own budget; the owner drops those that run out).
+        let timeout = items
+            .iter()
+            .map(|i| Duration::from_nanos(i.budget_ns))
+            .max()
+            .filter(|b| !b.is_zero())
+            .unwrap_or(self.timeout)
+            .max(Duration::from_millis(1));
         let mut request = tonic::Request::new(pb::ForwardRequest {
             protocol_version: PEER_PROTOCOL_VERSION,
             ring_epoch: self.epoch.load(Ordering::Relaxed),
             from_node: self.self_id.to_string(),
             items,
         });
-        self.authorize(&mut request, self.timeout);
+        self.authorize(&mut request, timeout);
         let unreachable = |reason: String| ForwardError::Unreachable {
             peer: self.node_id.to_string(),
             reason,
         };
-        let outcome =
-            tokio::time::timeout(self.timeout, self.client.clone().forward(request)).await;
+        let outcome = tokio::time::timeout(timeout, self.client.clone().forward(request)).await;
         self.metrics.forwarded(n, started.elapsed());
         let response = match outcome {
             Err(_) => {
@@ -747,13 +833,16 @@ impl Sender {
 /// half-open breaker would refuse every call to that peer for good.
 struct Attempt<'a> {
     sender: &'a Sender,
+    /// This call holds the half-open breaker's probe slot.
+    probe: bool,
     done: bool,
 }
 
 impl<'a> Attempt<'a> {
-    fn new(sender: &'a Sender) -> Attempt<'a> {
+    fn new(sender: &'a Sender, probe: bool) -> Attempt<'a> {
         Attempt {
             sender,
+            probe,
             done: false,
         }
     }
@@ -771,7 +860,7 @@ impl<'a> Attempt<'a> {
 
 impl Drop for Attempt<'_> {
     fn drop(&mut self) {
-        if !self.done {
+        if !self.done && self.probe {
             self.sender.breaker.abandon();
         }
     }

@@ -1,6 +1,8 @@
 //! Operator actions: reset a key (at its owner, wherever it is asked),
 //! inspect a key, list the top keys.
 
+use std::time::Duration;
+
 use super::Limiter;
 use super::route::Route;
 use crate::cluster::peers::ResetAnswer;
@@ -30,7 +32,14 @@ impl Limiter {
                     }
                 },
             };
-            match self.shared.peers.reset(&owner, name, unique_key).await {
+            // The owner may have to take the key first: a budget's time.
+            let budget = self.shared.settings.budget.max(Duration::from_millis(500));
+            match self
+                .shared
+                .peers
+                .reset(&owner, name, unique_key, budget)
+                .await
+            {
                 Ok(ResetAnswer::Done { existed }) => {
                     self.forget_local(name, unique_key);
                     return Ok(existed);
@@ -62,7 +71,7 @@ impl Limiter {
                     // Take it first: a count merged after the reset would
                     // be from an older generation and ignored, but its
                     // holders must stop counting it.
-                    let wait = self.shared.peers.settings().timeout;
+                    let wait = self.shared.settings.budget;
                     let taken = self.take_lacking(std::slice::from_ref(&k), &t, wait).await;
                     if taken.stale {
                         continue;
@@ -73,7 +82,12 @@ impl Limiter {
                 }
                 Route::Here => {}
             }
-            let existed = self.shared.store.reset(&k, self.now());
+            let now = self.now();
+            let Ok(existed) = self.fenced(t.view, |fence| {
+                self.shared.store.reset(&k, now, Some(fence))
+            }) else {
+                continue; // the view changed: route again
+            };
             self.forget_local(name, unique_key);
             tracing::info!(%name, %unique_key, existed, "admin reset");
             return Ok(existed);

@@ -55,6 +55,7 @@ impl Limiter {
         descriptors: &[Descriptor],
         hits_addend: u64,
         max_key_bytes: usize,
+        budget: Option<std::time::Duration>,
     ) -> Result<Vec<DescriptorOutcome>, ItemError> {
         if domain.is_empty() {
             return Err(ItemError::new("domain", "must not be empty"));
@@ -116,7 +117,7 @@ impl Limiter {
                 mode: None,
             }));
         }
-        let mut verdicts = self.check_batch(checks).await.into_iter();
+        let mut verdicts = self.check_batch_within(checks, budget).await.into_iter();
         let mut out = Vec::with_capacity(descriptors.len());
         for found in limits {
             out.push(match found {

@@ -44,9 +44,11 @@ impl Limiter {
                     let leases = &self.shared.leases;
                     if minority
                         && leases.seen_remaining(k, now).is_none()
+                        && self.shared.store.holds_own(k)
                         && let Some((_, remaining)) = self.shared.store.remaining(k, now)
                     {
-                        // This node owned the key: its own count is the seed.
+                        // This node owned the key (a copy — after a rejoin,
+                        // say — is not its count): its own count is the seed.
                         let seen = Decision {
                             reason: algorithm::Reason::WithinLimit,
                             limit: r.spec.limit(),
@@ -55,7 +57,8 @@ impl Limiter {
                             retry_after: None,
                             delay: 0,
                         };
-                        leases.observe(k, &r.spec, &seen, 0, now);
+                        let reset_gen = self.shared.store.reset_gen(k);
+                        leases.observe(k, &r.spec, &seen, reset_gen, now);
                     }
                     leases.decide(k, &r.spec, r.check.request, t.size, now)
                 });

@@ -16,8 +16,14 @@ use crate::store::key;
 impl Limiter {
     /// Forward to `owner`, following at most two redirects; fall back when
     /// no owner answers.
-    pub(super) async fn forward(&self, r: &Resolved<'_>, owner: Arc<str>, t: &Topology) -> Verdict {
-        self.forward_asking(r, owner, t, None).await.0
+    pub(super) async fn forward(
+        &self,
+        r: &Resolved<'_>,
+        owner: Arc<str>,
+        t: &Topology,
+        deadline: tokio::time::Instant,
+    ) -> Verdict {
+        self.forward_asking(r, owner, t, None, deadline).await.0
     }
 
     /// [`Limiter::forward`], with a tiered-mode ask: the owner's answer may
@@ -28,9 +34,10 @@ impl Limiter {
         owner: Arc<str>,
         t: &Topology,
         ask: Option<pb::TieredAsk>,
+        deadline: tokio::time::Instant,
     ) -> (Verdict, Option<(u64, u64)>) {
         let peers = &self.shared.peers;
-        let budget = peers.settings().timeout.as_nanos() as u64;
+        let budget = super::route::budget_left(deadline).as_nanos() as u64;
         let mut item = pb::ForwardItem {
             name: r.check.name.clone(),
             unique_key: r.check.unique_key.clone(),
@@ -47,9 +54,15 @@ impl Limiter {
         let mut target = owner;
         // The owner, then at most two redirects.
         for _ in 0..3 {
-            let result = peers
-                .forward(&target, item.clone(), r.check.unbatched)
-                .await;
+            item.budget_ns = super::route::budget_left(deadline).as_nanos() as u64;
+            if item.budget_ns == 0 {
+                break;
+            }
+            let call = peers.forward(&target, item.clone(), r.check.unbatched);
+            let Ok(result) = tokio::time::timeout_at(deadline, call).await else {
+                tracing::debug!(peer = %target, "forward: the caller's deadline passed");
+                break;
+            };
             match result.map(|res| res.result) {
                 Ok(Some(pb::forward_result::Result::Decision(d))) => {
                     match cluster::wire::decision_from_wire(&d) {

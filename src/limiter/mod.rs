@@ -71,6 +71,9 @@ pub struct ClusterSettings {
     /// How long a member may stay silent in an ownership transfer before
     /// it is flagged (`sluice_transfer_stalled_members`).
     pub handoff_timeout: std::time::Duration,
+    /// A call's budget when its caller sets no deadline (forwards and pulls
+    /// share it).
+    pub budget: std::time::Duration,
 }
 
 /// Asks gossip for an immediate round with a member (by node id): two
@@ -143,8 +146,9 @@ struct Shared {
     /// `(ring epoch, view)` as adopted, for holders waiting to agree.
     views: tokio::sync::watch::Sender<(u64, u64)>,
     /// Transfer merges take it shared, a holdings scan exclusively (see
-    /// `transfer::merge_received`). A std RwLock: never held across an await.
-    gate: std::sync::RwLock<()>,
+    /// `transfer::merge_received`). A tokio RwLock: the scan waits for the
+    /// merges in flight without blocking a runtime thread.
+    gate: tokio::sync::RwLock<()>,
     peers: Peers,
     presence: Arc<Presence>,
     nudge: Nudge,
@@ -177,7 +181,7 @@ impl Limiter {
                 metrics: parts.metrics,
                 topology: ArcSwap::from_pointee(Topology::empty(generation)),
                 views: tokio::sync::watch::channel((0, 0)).0,
-                gate: std::sync::RwLock::new(()),
+                gate: tokio::sync::RwLock::new(()),
                 peers: parts.peers,
                 presence: parts.presence,
                 nudge: parts.nudge,
@@ -202,6 +206,15 @@ impl Limiter {
         let changed = old.ring.epoch() != view.ring.epoch() || rejoined || old.view == 0;
         let live = view.live();
         self.shared.peers.sync(&view.ring, &live);
+        // Who can hold counts this node may now own: members ready or
+        // leaving (a joining member is new, or rejoining with copies only)
+        // that speak a protocol this node can ask.
+        let holders: Vec<_> = view
+            .members
+            .iter()
+            .filter(|m| m.node_id != me && m.state != Lifecycle::Joining && m.in_protocol())
+            .map(|m| m.as_member())
+            .collect();
         if rejoined {
             // Back as a new member after being away: what this node holds
             // is a copy now; the counts went where the ring sent them.
@@ -221,8 +234,7 @@ impl Limiter {
             self.shared.tiers.forget_allotments();
             let number = old.view + 1;
             self.shared.store.set_fence(number);
-            let others = live.iter().filter(|m| m.node_id != me);
-            let incoming = Arc::new(Incoming::new(number, view.ring.epoch(), others));
+            let incoming = Arc::new(Incoming::new(number, view.ring.epoch(), holders.iter()));
             let holdings = Arc::new(Holdings::new(
                 number,
                 view.ring.epoch(),
@@ -233,7 +245,7 @@ impl Limiter {
         } else {
             (old.view, old.incoming.clone(), old.holdings.clone())
         };
-        incoming.prune(&live);
+        incoming.prune(&holders);
         // Changes are worth queueing while another node could hold them.
         let has_peer = view.ring.members().iter().any(|m| m.node_id != me);
         self.shared.store.set_replicating(has_peer);
@@ -284,6 +296,11 @@ impl Limiter {
         )
     }
 
+    /// Whether `node_id` is a live member this node knows.
+    pub fn is_member(&self, node_id: &str) -> bool {
+        self.shared.peers.protocol(node_id).is_some()
+    }
+
     pub fn ring(&self) -> Arc<Ring> {
         self.shared.topology.load().ring.clone()
     }
@@ -310,11 +327,13 @@ impl Limiter {
     /// taken by their new owners (a leaving node waits for this).
     pub fn delivered(&self) -> bool {
         let holdings = self.shared.topology.load().holdings.clone();
-        holdings.is_scanned()
-            && holdings.undelivered().iter().all(|peer| {
-                // A protocol-2 peer never asks: pushed at the end instead.
+        holdings.undelivered().is_some_and(|peers| {
+            peers.iter().all(|peer| {
+                // A protocol-2 peer never asks (its keys are pushed at the
+                // end); a peer gone asks no more.
                 self.shared.peers.protocol(peer).is_none_or(|p| p < 3)
             })
+        })
     }
 
     /// Notified when reports should go before the next interval (a

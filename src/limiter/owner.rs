@@ -52,9 +52,11 @@ impl Limiter {
                 .decide_reserving(k, spec, req, t, now, None)
                 .map(|(d, _)| d);
         }
-        self.shared
-            .store
-            .decide_fenced(k, spec, req, now, Seed::Fresh, Some(t.view))
+        self.fenced(t.view, |fence| {
+            self.shared
+                .store
+                .decide_fenced(k, spec, req, now, Seed::Fresh, Some(fence))
+        })
     }
 
     /// Decide here, as the key's owner.
@@ -79,6 +81,7 @@ impl Limiter {
         items: Vec<(usize, Resolved<'a>)>,
         t: &Arc<Topology>,
         last: bool,
+        deadline: tokio::time::Instant,
     ) -> Vec<(usize, Resolved<'a>, Option<Verdict>)> {
         if items.is_empty() {
             return Vec::new();
@@ -87,7 +90,7 @@ impl Limiter {
             .iter()
             .map(|(_, r)| key::encode(&r.check.name, &r.check.unique_key))
             .collect();
-        let wait = self.shared.peers.settings().timeout;
+        let wait = super::route::budget_left(deadline);
         let taken = self.take_lacking(&keys, t, wait).await;
         items
             .into_iter()
@@ -137,7 +140,7 @@ impl Limiter {
         let metrics = &self.shared.metrics.cluster;
         let counted =
             |result: &'static str| metrics.pulls.get_or_create(&vec![("result", result)]).inc();
-        let _gate = self.shared.gate.read().unwrap_or_else(|p| p.into_inner());
+        let _gate = self.shared.gate.read().await;
         if t.incoming.cancelled() {
             return Taken {
                 stale: true,
@@ -160,9 +163,15 @@ impl Limiter {
                             taken.owned.insert(received.key.clone());
                             Holding::Owned
                         };
-                        self.shared
-                            .store
-                            .merge(&received.key, received.snapshot, now, holding);
+                        self.fenced(t.view, |fence| {
+                            self.shared.store.merge(
+                                &received.key,
+                                received.snapshot,
+                                now,
+                                holding,
+                                Some(fence),
+                            )
+                        });
                     }
                 }
                 Ok(Pulled::Mismatch) => {
@@ -195,9 +204,15 @@ impl Limiter {
                 todo.push(i);
             }
         }
+        let earliest = items.iter().map(|i| i.deadline).min().unwrap_or(now);
+        let settle_by =
+            tokio::time::Instant::now() + Duration::from_nanos(earliest.saturating_sub(now));
         for round in 0..ROUNDS {
             if todo.is_empty() {
                 break;
+            }
+            if round > 0 {
+                self.settle_view(settle_by).await;
             }
             let last = round + 1 == ROUNDS;
             let t = self.shared.topology.load_full();
@@ -227,12 +242,20 @@ impl Limiter {
                     .iter()
                     .map(|&i| key::encode(&items[i].check.name, &items[i].check.unique_key))
                     .collect();
-                let deadline = lacking.iter().map(|&i| items[i].deadline).min();
-                let wait = Duration::from_nanos(deadline.unwrap_or(now).saturating_sub(self.now()));
+                // The whole batch answers at once: the pull may take what
+                // is left of its earliest deadline, less the way back.
+                let deadline = items.iter().map(|i| i.deadline).min().unwrap_or(now);
+                let left = Duration::from_nanos(deadline.saturating_sub(self.now()));
+                let wait = left.saturating_sub((left / 10).max(Duration::from_millis(1)));
                 let taken = self.take_lacking(&keys, &t, wait).await;
+                let now = self.now();
                 for (&i, k) in lacking.iter().zip(keys) {
                     if taken.stale {
                         again.push(i);
+                    } else if items[i].deadline < now {
+                        // The pull took its time: the edge has given up.
+                        self.shared.metrics.cluster.shed.inc();
+                        out[i] = Some(Forwarded::Expired);
                     } else if taken.reached_all
                         || taken.owned.contains(&k)
                         || self.shared.store.holds_own(&k)

@@ -28,8 +28,31 @@ pub struct Handoff {
 /// Keys and their states on the way to one peer.
 type Outbox = Vec<(Arc<[u8]>, pb::KeyState)>;
 
-/// States per replication or handoff RPC.
+/// States per replication or handoff RPC, and the bytes one may reach (a
+/// peer refuses a message above its 4 MiB bound).
 const BATCH: usize = 500;
+const BATCH_BYTES: usize = 1 << 20;
+
+/// Split states into RPCs of at most [`BATCH`] states and about
+/// [`BATCH_BYTES`] bytes (one state at least).
+fn chunk_by_bytes<T>(states: &[T], state: impl Fn(&T) -> &pb::KeyState) -> Vec<&[T]> {
+    use prost::Message;
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, s) in states.iter().enumerate() {
+        let size = state(s).encoded_len();
+        if i > start && (i - start >= BATCH || bytes + size > BATCH_BYTES) {
+            out.push(&states[start..i]);
+            start = i;
+            bytes = 0;
+        }
+        bytes += size;
+    }
+    if start < states.len() {
+        out.push(&states[start..]);
+    }
+    out
+}
 
 impl Limiter {
     /// Merge a copy of a key arriving from a peer (a replica from its
@@ -37,7 +60,7 @@ impl Limiter {
     pub fn merge_snapshot(&self, key: &[u8], snapshot: Snapshot) {
         self.shared
             .store
-            .merge(key, snapshot, self.now(), Holding::Copy);
+            .merge(key, snapshot, self.now(), Holding::Copy, None);
     }
 
     /// Send the keys changed since the last round where they belong: for a
@@ -74,7 +97,7 @@ impl Limiter {
         let metrics = &self.shared.metrics.cluster;
         let mut sent = 0;
         for ((to, kind), states) in by_target {
-            for chunk in states.chunks(BATCH) {
+            for chunk in chunk_by_bytes(&states, |(_, s)| s) {
                 let batch = chunk.iter().map(|(_, s)| s.clone()).collect();
                 match peers.sync_states(&to, kind, batch).await {
                     Ok(_) => {
@@ -122,9 +145,14 @@ impl Limiter {
         let deadline = Instant::now() + within;
         self.fold_promises_unless(|_| false);
         let holdings = self.shared.topology.load().holdings.clone();
+        if !holdings.is_scanned() {
+            // Its scan was abandoned (a view change during the leave) or
+            // is still running: sort the store out now.
+            self.scan_now(&holdings);
+        }
         let mut report = Handoff::default();
         let metrics = &self.shared.metrics.cluster;
-        for (owner, keys) in holdings.remaining() {
+        for (owner, keys) in holdings.remaining().unwrap_or_default() {
             let states: Vec<pb::KeyState> = keys
                 .iter()
                 .filter_map(|k| {
@@ -133,7 +161,7 @@ impl Limiter {
                 })
                 .collect();
             report.keys += states.len();
-            for chunk in states.chunks(BATCH) {
+            for chunk in chunk_by_bytes(&states, |s| s) {
                 if Instant::now() >= deadline {
                     tracing::warn!(
                         sent = report.confirmed,

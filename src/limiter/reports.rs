@@ -51,9 +51,9 @@ impl Limiter {
                         seq: report.seq,
                         hits: report.hits,
                         at: report.at,
-                        reset_gen: Some(report.reset_gen),
+                        reset_gen: report.reset_gen,
                     };
-                    let o = self.absorb_encoded(&report.key, &report.spec, &absorb, &t);
+                    let o = self.absorb_encoded(&report.key, &report.spec, &absorb, &t, false);
                     if o.acknowledged() {
                         leases.acknowledge(&report);
                         acked += 1;
@@ -90,7 +90,7 @@ impl Limiter {
                     seq: rep.seq,
                     hits: rep.hits,
                     at_ns: rep.at,
-                    reset_gen: Some(rep.reset_gen),
+                    reset_gen: rep.reset_gen,
                 })
             })
             .collect();
@@ -119,29 +119,59 @@ impl Limiter {
         }
     }
 
-    /// Absorb what an edge admitted on a lease, once per `(edge, key, seq)`.
-    pub fn absorb_report(
+    /// Absorb what an edge admitted on leases, once per `(edge, key, seq)`.
+    /// Reports for keys this node owns but still lacks are pulled first —
+    /// all of them in one pull per member still transferring — so spending
+    /// never lands on a fresh count that the transfer cannot merge into;
+    /// those that cannot be pulled now are answered "retry".
+    pub async fn absorb_reports(
         &self,
-        name: &str,
-        unique_key: &str,
-        spec: &crate::algorithm::Spec,
-        report: &Absorb<'_>,
-    ) -> ReportOutcome {
+        reports: &[(String, String, crate::algorithm::Spec, Absorb<'_>)],
+    ) -> Vec<ReportOutcome> {
         let t = self.shared.topology.load_full();
-        key::with_encoded(name, unique_key, |k| {
-            self.absorb_encoded(k, spec, report, &t)
-        })
+        let may_own = self.may_own();
+        let keys: Vec<Vec<u8>> = reports
+            .iter()
+            .map(|(name, unique_key, _, _)| key::encode(name, unique_key))
+            .collect();
+        let lacking: Vec<Vec<u8>> = keys
+            .iter()
+            .filter(|k| self.route(k, &t, may_own) == super::route::Route::Lacking)
+            .cloned()
+            .collect();
+        let taken = if lacking.is_empty() {
+            None
+        } else {
+            Some(
+                self.take_lacking(&lacking, &t, self.shared.settings.budget)
+                    .await,
+            )
+        };
+        reports
+            .iter()
+            .zip(&keys)
+            .map(|((_, _, spec, report), k)| {
+                let took = taken.as_ref().is_some_and(|taken| {
+                    !taken.stale && (taken.reached_all || taken.owned.contains(k))
+                });
+                self.absorb_encoded(k, spec, report, &t, took)
+            })
+            .collect()
     }
 
+    /// Absorb one report under `t`; `took`: the key, lacking, was just
+    /// taken from every member that could hold it.
     pub(super) fn absorb_encoded(
         &self,
         k: &[u8],
         spec: &crate::algorithm::Spec,
         r: &Absorb<'_>,
         t: &Topology,
+        took: bool,
     ) -> ReportOutcome {
         match self.route(k, t, self.may_own()) {
             super::route::Route::Here => {}
+            super::route::Route::Lacking if took => {}
             super::route::Route::Forward(_) => return ReportOutcome::NotOwner,
             // Still coming from its previous holders, or this node cannot
             // own anything right now: later.
@@ -158,11 +188,12 @@ impl Limiter {
             at,
             reset_gen: r.reset_gen,
         };
-        let outcome = match self
-            .shared
-            .store
-            .absorb_report(k, spec, &report, Some(t.view))
-        {
+        let absorbed = self.fenced(t.view, |fence| {
+            self.shared
+                .store
+                .absorb_report(k, spec, &report, Some(fence))
+        });
+        let outcome = match absorbed {
             Err(_) => return ReportOutcome::Retry,
             Ok(Absorbed::Applied) => {
                 // Reported hits of a tiered allotment are no longer promised.
@@ -217,7 +248,7 @@ mod tests {
             seq: i as u64,
             hits: 1,
             at: 0,
-            reset_gen: 0,
+            reset_gen: None,
         };
         let many: Vec<Report> = (0..1_234).map(|i| report(i, 4)).collect();
         let sizes: Vec<usize> = chunks(&many).iter().map(|c| c.len()).collect();

@@ -16,10 +16,17 @@ use std::sync::Arc;
 
 use super::{Check, ItemError, Limiter, Resolved, Topology, Verdict, YIELD_EVERY};
 use crate::cluster::membership::presence::boot_time;
-use crate::store::key;
+use crate::store::{Fence, key};
 
 /// Routings of one item before it falls back (views changing under it).
 pub(super) const ROUNDS: usize = 4;
+
+/// What is left of a deadline, less a margin for the answer's way back (a
+/// tenth, at least a millisecond): the budget to hand on.
+pub(super) fn budget_left(deadline: tokio::time::Instant) -> std::time::Duration {
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    left.saturating_sub((left / 10).max(std::time::Duration::from_millis(1)))
+}
 
 /// Where a key is decided.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,6 +64,25 @@ impl Limiter {
         self.shared.presence.may_own(boot_time())
     }
 
+    /// After a decision was refused as stale: wait (until `deadline`) for
+    /// the routing view to catch up with the store's fence — a view being
+    /// adopted bumps the fence just before it swaps the topology.
+    pub(super) async fn settle_view(&self, deadline: tokio::time::Instant) {
+        let fence = self.shared.store.fence();
+        let mut views = self.shared.views.subscribe();
+        let _ = tokio::time::timeout_at(deadline, views.wait_for(|v| v.1 >= fence)).await;
+    }
+
+    /// Run `f` with the fence of view `view`: what an owner's change must
+    /// still hold under the key's lock (the view, and this node's presence).
+    pub(super) fn fenced<R>(&self, view: u64, f: impl FnOnce(Fence<'_>) -> R) -> R {
+        let present = || self.may_own();
+        f(Fence {
+            view,
+            present: &present,
+        })
+    }
+
     /// Decide a batch, in order: keys this node owns here, the others at
     /// their owners — forwarded in parallel, one micro-batch per owner —
     /// or on leases when the owners cannot be reached. Invalid items stay
@@ -65,6 +91,18 @@ impl Limiter {
         &self,
         items: Vec<Result<Check, ItemError>>,
     ) -> Vec<Result<Verdict, ItemError>> {
+        self.check_batch_within(items, None).await
+    }
+
+    /// [`Limiter::check_batch`] within `budget`: the caller's deadline (its
+    /// `grpc-timeout`), or the configured default. Forwards and pulls share
+    /// it; nothing waits past it.
+    pub async fn check_batch_within(
+        &self,
+        items: Vec<Result<Check, ItemError>>,
+        budget: Option<std::time::Duration>,
+    ) -> Vec<Result<Verdict, ItemError>> {
+        let deadline = tokio::time::Instant::now() + budget.unwrap_or(self.shared.settings.budget);
         let policies = self.shared.policies.load_full();
         let mut out: Vec<Option<Result<Verdict, ItemError>>> = vec![None; items.len()];
         let mut todo: Vec<(usize, Resolved<'_>)> = Vec::with_capacity(items.len());
@@ -82,8 +120,11 @@ impl Limiter {
             if todo.is_empty() {
                 break;
             }
+            if round > 0 {
+                self.settle_view(deadline).await;
+            }
             let last = round + 1 == ROUNDS;
-            todo = self.round(todo, &mut out, last).await;
+            todo = self.round(todo, &mut out, last, deadline).await;
         }
         for (i, r) in todo {
             // Views kept changing under it: decide without the owner.
@@ -102,6 +143,7 @@ impl Limiter {
         todo: Vec<(usize, Resolved<'a>)>,
         out: &mut [Option<Result<Verdict, ItemError>>],
         last: bool,
+        deadline: tokio::time::Instant,
     ) -> Vec<(usize, Resolved<'a>)> {
         let t = self.shared.topology.load_full();
         let may_own = self.may_own();
@@ -128,7 +170,7 @@ impl Limiter {
                     Err((to, ask)) => {
                         let t = t.clone();
                         remote.push(Box::pin(async move {
-                            let v = self.tiered_slow(&r, to, &t, ask).await;
+                            let v = self.tiered_slow(&r, to, &t, ask, deadline).await;
                             (i, v)
                         }))
                     }
@@ -136,7 +178,7 @@ impl Limiter {
                 Route::Forward(to) => {
                     let t = t.clone();
                     remote.push(Box::pin(async move {
-                        let v = self.forward(&r, to, &t).await;
+                        let v = self.forward(&r, to, &t, deadline).await;
                         (i, v)
                     }))
                 }
@@ -150,7 +192,7 @@ impl Limiter {
         }
         let (forwarded, taken) = futures::future::join(
             futures::future::join_all(remote),
-            self.decide_lacking(lacking, &t, last),
+            self.decide_lacking(lacking, &t, last, deadline),
         )
         .await;
         for (i, v) in forwarded {

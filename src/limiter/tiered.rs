@@ -152,23 +152,9 @@ impl Limiter {
                 None => return,
             }
         };
-        if reserved == 0 {
-            return;
+        if reserved > 0 {
+            self.shared.store.fold(k, reserved, now);
         }
-        let Some(view) = self.shared.store.inspect(k, now) else {
-            return;
-        };
-        let report = crate::store::Report {
-            edge: "(tiered promises)",
-            seq: now,
-            hits: reserved,
-            at: now,
-            reset_gen: None,
-        };
-        let _ = self
-            .shared
-            .store
-            .absorb_report(k, &view.spec, &report, None);
     }
 
     /// An edge's tiered check on a key `owner` owns: decided here from the
@@ -246,8 +232,9 @@ impl Limiter {
         owner: Arc<str>,
         t: &Topology,
         ask: crate::proto::peer::TieredAsk,
+        deadline: tokio::time::Instant,
     ) -> Verdict {
-        let (mut v, grant) = self.forward_asking(r, owner, t, Some(ask)).await;
+        let (mut v, grant) = self.forward_asking(r, owner, t, Some(ask), deadline).await;
         if let Some((amount, ttl)) = grant {
             let now = self.now();
             let grant = Grant {
@@ -328,9 +315,11 @@ impl Limiter {
         t: &Topology,
         now: Nanos,
     ) -> Result<Decision, Stale> {
-        self.shared
-            .store
-            .decide_fenced(k, spec, req, now, Seed::Fresh, Some(t.view))
+        self.fenced(t.view, |fence| {
+            self.shared
+                .store
+                .decide_fenced(k, spec, req, now, Seed::Fresh, Some(fence))
+        })
     }
 
     /// The owner's tiered decision: take back what the asking edge did not

@@ -63,6 +63,8 @@ impl Standing {
 /// One member's progress, for status and metrics.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Progress {
+    /// The member's generation (a rejoin is another member).
+    pub generation: u64,
     pub standing: Standing,
     /// States received from it in this view.
     pub received: u64,
@@ -100,6 +102,7 @@ impl Incoming {
                 (
                     m.node_id.clone(),
                     Progress {
+                        generation: m.generation,
                         standing,
                         received: 0,
                         failures: 0,
@@ -159,6 +162,11 @@ impl Incoming {
         self.started
     }
 
+    /// Whether `node` is still one of the members this transfer waits for.
+    pub fn is_member(&self, node: &str) -> bool {
+        self.lock().contains_key(node)
+    }
+
     pub fn cancelled(&self) -> bool {
         self.cancel.is_cancelled()
     }
@@ -182,11 +190,16 @@ impl Incoming {
         }
     }
 
-    /// Members no longer live are no longer waited for: what they held is
-    /// gone with them (their replicas answer for them).
-    pub fn prune(&self, live: &[Member]) {
+    /// Members no longer among `holders` (live members that can hold
+    /// counts, by node id and generation) are no longer waited for: what
+    /// they held is gone with them (their replicas answer for them).
+    pub fn prune(&self, holders: &[Member]) {
         let mut members = self.lock();
-        members.retain(|id, _| live.iter().any(|m| m.node_id == *id));
+        members.retain(|id, p| {
+            holders
+                .iter()
+                .any(|m| m.node_id == *id && m.generation == p.generation)
+        });
         self.recheck(&members);
     }
 }
@@ -223,37 +236,49 @@ impl Limiter {
     async fn transfer_from(&self, node: &Arc<str>, incoming: &Incoming) {
         let peers = &self.shared.peers;
         let metrics = &self.shared.metrics.cluster;
-        let mut cursor = 0u64;
+        let (mut cursor, mut holder_view) = (0u64, 0u64);
         let mut backoff = Duration::from_millis(50);
-        loop {
-            match peers
-                .transfer_page(node, incoming.epoch, incoming.view, cursor, HOLDER_WAIT)
-                .await
-            {
+        // Until it says done — or leaves the live set (nothing more can
+        // come from it) or a newer view cancels this task.
+        while incoming.is_member(node) {
+            let page = peers
+                .transfer_page(
+                    node,
+                    (incoming.epoch, incoming.view),
+                    cursor,
+                    holder_view,
+                    HOLDER_WAIT,
+                )
+                .await;
+            match page {
                 Ok(page) if page.mismatch => {
                     // Its ring is not this one yet (gossip still spreading
                     // the change), or it is still sorting its keys out.
+                    incoming.update(node, |p| p.standing = Standing::Pending);
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 Ok(page) => {
                     let n = page.states.len() as u64;
-                    if !self.merge_received(incoming, page.states) {
+                    if !self.merge_received(incoming, page.states).await {
                         return; // a newer view took over
                     }
                     incoming.received.fetch_add(n, Ordering::Relaxed);
                     metrics.transfer_received.inc_by(n);
-                    cursor = page.next;
+                    (cursor, holder_view) = (page.next, page.holder_view);
                     backoff = Duration::from_millis(50);
+                    // Done once the holder has heard that its last page
+                    // arrived (an empty `done` page answers the ask past it).
+                    let acknowledged = page.done && n == 0;
                     incoming.update(node, |p| {
                         p.received += n;
                         p.failures = 0;
-                        p.standing = if page.done {
+                        p.standing = if acknowledged {
                             Standing::Done
                         } else {
                             Standing::Pending
                         };
                     });
-                    if page.done {
+                    if acknowledged {
                         if incoming.complete() {
                             tracing::debug!(view = incoming.view, took = ?incoming.took(), received = incoming.received(), "ownership transfer complete");
                         }
@@ -278,8 +303,8 @@ impl Limiter {
     /// (false) once a newer view replaced it: this node's holdings for the
     /// newer view are sorted out from one scan of the store, which must not
     /// miss a key merged after it (the `gate`).
-    pub(super) fn merge_received(&self, incoming: &Incoming, states: Vec<Received>) -> bool {
-        let _gate = self.shared.gate.read().unwrap_or_else(|p| p.into_inner());
+    pub(super) async fn merge_received(&self, incoming: &Incoming, states: Vec<Received>) -> bool {
+        let _gate = self.shared.gate.read().await;
         if incoming.cancelled() {
             return false;
         }
@@ -290,7 +315,11 @@ impl Limiter {
             } else {
                 Holding::Owned
             };
-            self.shared.store.merge(&r.key, r.snapshot, now, holding);
+            self.fenced(incoming.view, |fence| {
+                self.shared
+                    .store
+                    .merge(&r.key, r.snapshot, now, holding, Some(fence))
+            });
         }
         true
     }
@@ -353,13 +382,16 @@ mod tests {
     fn complete_once_every_live_member_is_done() {
         let members = [member("a", 3), member("b", 3)];
         let t = Incoming::new(1, 9, members.iter());
+        assert!(t.is_member("a"));
         assert!(!t.complete());
         assert_eq!(t.sources().len(), 2);
         t.update("a", |p| p.standing = Standing::Done);
         assert!(!t.complete());
         assert_eq!(t.sources(), vec![(Arc::from("b"), true)]);
         // b leaves the live set: nothing more can come from it.
+        assert!(t.is_member("b"));
         t.prune(&members[..1]);
+        assert!(!t.is_member("b"));
         assert!(t.complete());
         assert!(t.sources().is_empty());
         assert!(t.took().is_some());

@@ -111,6 +111,8 @@ impl RateLimitService for RlsService {
         &self,
         request: Request<rls::RateLimitRequest>,
     ) -> Result<Response<rls::RateLimitResponse>, GrpcStatus> {
+        // Envoy's filter timeout arrives as the call's deadline.
+        let budget = super::deadline::grpc_timeout(request.metadata());
         let r = request.into_inner();
         let mut descriptors = Vec::with_capacity(r.descriptors.len());
         for d in &r.descriptors {
@@ -134,6 +136,7 @@ impl RateLimitService for RlsService {
                 &descriptors,
                 u64::from(r.hits_addend),
                 self.max_key_bytes,
+                budget,
             )
             .await
             .map_err(|e| GrpcStatus::invalid_argument(e.to_string()))?;

@@ -7,6 +7,7 @@
 //! - gRPC health and reflection are tonic's own services, mounted by the server.
 
 pub mod admin;
+pub mod deadline;
 pub mod envoy;
 pub mod grpc;
 /// Refusal and quota headers: the `sluice-api` crate's, shared with the client.

@@ -109,17 +109,19 @@ impl PeerService {
         Ok(())
     }
 
-    fn absorb(&self, from: &str, item: &pb::ReportItem) -> pb::ReportOutcome {
-        let spec = match item
+    /// A report as the limiter takes it; None if invalid.
+    fn report_in<'a>(
+        &self,
+        from: &'a str,
+        item: &pb::ReportItem,
+    ) -> Option<(String, String, crate::algorithm::Spec, Absorb<'a>)> {
+        let spec = item
             .limit
             .as_ref()
-            .map(|l| wire::limit_from_wire(l, &self.bounds))
-        {
-            Some(Ok(spec)) => spec,
-            _ => return pb::ReportOutcome::Invalid,
-        };
+            .map(|l| wire::limit_from_wire(l, &self.bounds))?
+            .ok()?;
         if item.name.is_empty() || item.unique_key.is_empty() || from.is_empty() {
-            return pb::ReportOutcome::Invalid;
+            return None;
         }
         let report = Absorb {
             edge: from,
@@ -128,16 +130,17 @@ impl PeerService {
             at: item.at_ns,
             reset_gen: item.reset_gen,
         };
-        let outcome = self
-            .limiter
-            .absorb_report(&item.name, &item.unique_key, &spec, &report);
-        match outcome {
-            ReportOutcome::Applied => pb::ReportOutcome::Applied,
-            ReportOutcome::Duplicate => pb::ReportOutcome::Duplicate,
-            ReportOutcome::NotOwner => pb::ReportOutcome::NotOwner,
-            ReportOutcome::Retry => pb::ReportOutcome::Retry,
-            ReportOutcome::Stale => pb::ReportOutcome::Stale,
-        }
+        Some((item.name.clone(), item.unique_key.clone(), spec, report))
+    }
+}
+
+fn outcome_to_wire(o: ReportOutcome) -> pb::ReportOutcome {
+    match o {
+        ReportOutcome::Applied => pb::ReportOutcome::Applied,
+        ReportOutcome::Duplicate => pb::ReportOutcome::Duplicate,
+        ReportOutcome::NotOwner => pb::ReportOutcome::NotOwner,
+        ReportOutcome::Retry => pb::ReportOutcome::Retry,
+        ReportOutcome::Stale => pb::ReportOutcome::Stale,
     }
 }
 
@@ -215,10 +218,30 @@ impl Peer for PeerService {
             request.get_ref().items.len(),
         )?;
         let r = request.into_inner();
-        let outcomes = r
+        // Report slots are kept per reporting node: only a member's reports
+        // are taken (a caller inventing names would grow every entry).
+        if !self.limiter.is_member(&r.from_node) {
+            return Err(Status::failed_precondition(format!(
+                "from_node: {:?} is not a member of this cluster",
+                r.from_node
+            )));
+        }
+        let parsed: Vec<_> = r
             .items
             .iter()
-            .map(|item| self.absorb(&r.from_node, item) as i32)
+            .map(|item| self.report_in(&r.from_node, item))
+            .collect();
+        let valid: Vec<_> = parsed.iter().flatten().cloned().collect();
+        let mut outcomes = self.limiter.absorb_reports(&valid).await.into_iter();
+        let outcomes = parsed
+            .iter()
+            .map(|p| match p {
+                Some(_) => outcomes
+                    .next()
+                    .map_or(pb::ReportOutcome::Retry, outcome_to_wire)
+                    as i32,
+                None => pb::ReportOutcome::Invalid as i32,
+            })
             .collect();
         Ok(Response::new(pb::ReportResponse { outcomes }))
     }
@@ -315,7 +338,9 @@ impl Peer for PeerService {
             .transfer_page(
                 &r.from_node,
                 r.ring_epoch,
+                r.view,
                 r.cursor,
+                r.holder_view,
                 Duration::from_nanos(r.wait_ns),
             )
             .await;
@@ -333,6 +358,7 @@ impl Peer for PeerService {
             next: page.next,
             done: page.done,
             mismatch: page.mismatch,
+            holder_view: page.holder_view,
         }))
     }
 

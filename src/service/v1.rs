@@ -39,6 +39,7 @@ impl RateLimiter for RateLimiterService {
         request: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::CheckResponse>, Status> {
         let started = Instant::now();
+        let budget = super::deadline::grpc_timeout(request.metadata());
         let requests = request.into_inner().requests;
         if requests.len() > self.limits.max_batch {
             self.limiter.metrics().resources.exhausted("requests");
@@ -70,7 +71,7 @@ impl RateLimiter for RateLimiterService {
             .iter()
             .map(|r| wire::check_from_wire(r, &self.limits))
             .collect();
-        let verdicts = self.limiter.check_batch(checks).await;
+        let verdicts = self.limiter.check_batch_within(checks, budget).await;
         let now = self.limiter.now();
         let responses = requests
             .into_iter()

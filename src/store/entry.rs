@@ -245,6 +245,13 @@ impl Entry {
         true
     }
 
+    /// Count `hits` as consumed at `at`, with no report slot (see
+    /// [`crate::store::Store::fold`]).
+    pub fn fold(&mut self, hits: u64, at: Nanos) {
+        self.limited.absorb(hits, at);
+        self.version += 1;
+    }
+
     pub fn reset_gen(&self) -> u64 {
         self.reset_gen
     }

@@ -45,10 +45,28 @@ pub enum Seed {
     Consumed(u64),
 }
 
-/// The view a decision was routed under is no longer this node's: nothing
-/// was changed; route it again. See [`Store::set_fence`].
+/// The view a decision was routed under is no longer this node's (or the
+/// node may have been away since): nothing was changed; route it again.
+/// See [`Store::set_fence`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stale;
+
+/// What an owner's change must still hold, checked under the key's lock.
+#[derive(Clone, Copy)]
+pub struct Fence<'a> {
+    /// The view the change was routed under.
+    pub view: u64,
+    /// Whether this node may still own keys — read under the lock, so a
+    /// decision routed before the process was stopped, and made after it
+    /// resumed, sees the pause (its gossip loop has not run since).
+    pub present: &'a (dyn Fn() -> bool + Sync),
+}
+
+impl std::fmt::Debug for Fence<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fence").field("view", &self.view).finish()
+    }
+}
 
 /// What became of an edge's report of lease spending.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -198,9 +216,14 @@ impl Store {
         self.fence.store(view, Ordering::SeqCst);
     }
 
-    fn fenced(&self, fence: Option<u64>) -> Result<(), Stale> {
+    /// The view decisions must have been routed under now.
+    pub fn fence(&self) -> u64 {
+        self.fence.load(Ordering::SeqCst)
+    }
+
+    fn fenced(&self, fence: Option<Fence<'_>>) -> Result<(), Stale> {
         match fence {
-            Some(v) if self.fence.load(Ordering::SeqCst) != v => Err(Stale),
+            Some(f) if self.fence.load(Ordering::SeqCst) != f.view || !(f.present)() => Err(Stale),
             _ => Ok(()),
         }
     }
@@ -216,7 +239,7 @@ impl Store {
         req: Request,
         now: Nanos,
         seed: Seed,
-        fence: Option<u64>,
+        fence: Option<Fence<'_>>,
     ) -> Result<Decision, Stale> {
         if let Some(mut e) = self.map.get_mut(key) {
             self.fenced(fence)?;
@@ -313,7 +336,7 @@ impl Store {
         key: &[u8],
         spec: &Spec,
         report: &Report<'_>,
-        fence: Option<u64>,
+        fence: Option<Fence<'_>>,
     ) -> Result<Absorbed, Stale> {
         let apply = |e: &mut Entry| {
             if report.reset_gen.is_some_and(|g| g < e.reset_gen()) {
@@ -386,22 +409,62 @@ impl Store {
 
     /// Merge another copy of a key's lineage (a replica, a handoff, a
     /// transferred or pulled state). `Holding::Owned` (a holder passed its
-    /// own count to this node, the owner): the entry is this node's count
-    /// and is queued for its replica holder. `Holding::Copy`: a new entry
-    /// is a copy; an existing one stays what it was — a merge never makes a
-    /// node the owner of a count it was not given.
-    pub fn merge(&self, key: &[u8], snapshot: Snapshot, now: Nanos, holding: Holding) {
-        let create = || {
-            let mut e = Entry::from_snapshot(snapshot.clone(), now);
-            e.mark_copy();
-            e
-        };
-        self.upsert(key, now, create, |e| e.merge(snapshot.clone(), now));
-        if holding == Holding::Owned
-            && let Some(mut e) = self.map.get_mut(key)
-        {
+    /// own count to this node, the owner, in the view `fence` names): the
+    /// entry is this node's count and is queued for its replica holder —
+    /// unless the view changed meanwhile (another node may have taken the
+    /// key from here since), when it merges as a copy. `Holding::Copy`: a
+    /// new entry is a copy; an existing one stays what it was — a merge
+    /// never makes a node the owner of a count it was not given.
+    pub fn merge(
+        &self,
+        key: &[u8],
+        snapshot: Snapshot,
+        now: Nanos,
+        holding: Holding,
+        fence: Option<Fence<'_>>,
+    ) {
+        let owned = || holding == Holding::Owned && self.fenced(fence).is_ok();
+        if let Some(mut e) = self.map.get_mut(key) {
+            e.merge(snapshot, now);
+            if owned() {
+                let (k, v) = e.pair_mut();
+                self.changed(k, v);
+            }
+            return;
+        }
+        self.make_room(now);
+        let key: Arc<[u8]> = Arc::from(key);
+        match self.map.entry(key.clone()) {
+            MapEntry::Occupied(mut o) => {
+                let e = o.get_mut();
+                e.merge(snapshot, now);
+                if owned() {
+                    self.changed(&key, e);
+                }
+                return;
+            }
+            MapEntry::Vacant(v) => {
+                let mut e = Entry::from_snapshot(snapshot, now);
+                if owned() {
+                    self.changed(&key, &mut e);
+                } else {
+                    e.mark_copy();
+                }
+                v.insert(e);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.ring_lock().push_back(key);
+    }
+
+    /// Count `hits` promised away as consumed (tiered promises folded in
+    /// before a key is passed on): added as they are, with no report slot —
+    /// a fold is not a report that could be retried.
+    pub fn fold(&self, key: &[u8], hits: u64, now: Nanos) {
+        if let Some(mut e) = self.map.get_mut(key) {
+            e.fold(hits, now);
             let (k, v) = e.pair_mut();
-            self.changed(k, v);
+            self.changed_at(k, v, None);
         }
     }
 
@@ -514,16 +577,19 @@ impl Store {
         self.map.contains_key(key)
     }
 
-    /// Forget a key's consumption (an admin reset). Returns whether it existed.
-    pub fn reset(&self, key: &[u8], now: Nanos) -> bool {
+    /// Forget a key's consumption (an admin reset, at the key's owner):
+    /// its reset generation grows, so every copy and report from before the
+    /// reset is ignored wherever it arrives. Returns whether it existed.
+    pub fn reset(&self, key: &[u8], now: Nanos, fence: Option<Fence<'_>>) -> Result<bool, Stale> {
         match self.map.get_mut(key) {
             Some(mut e) => {
+                self.fenced(fence)?;
                 e.reset(now);
                 let (k, v) = e.pair_mut();
                 self.changed(k, v);
-                true
+                Ok(true)
             }
-            None => false,
+            None => Ok(false),
         }
     }
 

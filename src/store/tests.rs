@@ -120,11 +120,11 @@ fn a_copy_is_not_held_as_own_until_counted_here() {
     elsewhere.decide(&k, &spec(5), Request::hits(2), 0);
     let theirs = elsewhere.snapshot(&k).unwrap();
 
-    store.merge(&k, theirs.clone(), 0, Holding::Copy);
+    store.merge(&k, theirs.clone(), 0, Holding::Copy, None);
     assert!(!store.holds_own(&k), "a replica is a copy");
     store.decide(&k, &spec(5), Request::hits(1), 0);
     assert!(store.holds_own(&k), "counted here as owner");
-    store.merge(&k, theirs.clone(), 0, Holding::Copy);
+    store.merge(&k, theirs.clone(), 0, Holding::Copy, None);
     assert!(store.holds_own(&k), "a copy merged in leaves it owned");
 
     let (snap, was_own) = store.take(&k).unwrap();
@@ -136,7 +136,7 @@ fn a_copy_is_not_held_as_own_until_counted_here() {
         "the snapshot is the state"
     );
     assert!(!store.take(&k).unwrap().1, "taken again: it was a copy");
-    store.merge(&k, theirs, 0, Holding::Owned);
+    store.merge(&k, theirs, 0, Holding::Owned, None);
     assert!(store.holds_own(&k), "handed back as a count");
     assert_eq!(
         store.inspect(&k, 0).unwrap().remaining,
@@ -153,9 +153,9 @@ fn a_newer_reset_merged_into_a_copy_leaves_it_a_copy() {
     let k = key::encode("n", "k");
     let owner = Store::new(10);
     owner.decide(&k, &spec(5), Request::hits(4), 0);
-    store.merge(&k, owner.snapshot(&k).unwrap(), 0, Holding::Copy);
-    owner.reset(&k, 0);
-    store.merge(&k, owner.snapshot(&k).unwrap(), 0, Holding::Copy);
+    store.merge(&k, owner.snapshot(&k).unwrap(), 0, Holding::Copy, None);
+    owner.reset(&k, 0, None).unwrap();
+    store.merge(&k, owner.snapshot(&k).unwrap(), 0, Holding::Copy, None);
     assert!(
         !store.holds_own(&k),
         "the reset's state is still a copy here"
@@ -164,18 +164,25 @@ fn a_newer_reset_merged_into_a_copy_leaves_it_a_copy() {
     assert_eq!(store.inspect(&k, 0).unwrap().remaining, 5);
 }
 
+fn view(v: u64) -> Option<Fence<'static>> {
+    Some(Fence {
+        view: v,
+        present: &|| true,
+    })
+}
+
 #[test]
 fn the_fence_refuses_what_was_routed_under_an_older_view() {
     let store = Store::new(10);
     let k = key::encode("n", "k");
     let new = key::encode("n", "new");
     store.set_fence(1);
-    let d = store.decide_fenced(&k, &spec(5), Request::hits(1), 0, Seed::Fresh, Some(1));
+    let d = store.decide_fenced(&k, &spec(5), Request::hits(1), 0, Seed::Fresh, view(1));
     assert!(d.unwrap().allowed());
     store.set_fence(2);
     for key in [&k, &new] {
         assert_eq!(
-            store.decide_fenced(key, &spec(5), Request::hits(1), 0, Seed::Fresh, Some(1)),
+            store.decide_fenced(key, &spec(5), Request::hits(1), 0, Seed::Fresh, view(1)),
             Err(Stale),
             "routed under view 1"
         );
@@ -194,19 +201,54 @@ fn the_fence_refuses_what_was_routed_under_an_older_view() {
         reset_gen: Some(0),
     };
     assert_eq!(
-        store.absorb_report(&new, &spec(5), &report, Some(1)),
+        store.absorb_report(&new, &spec(5), &report, view(1)),
         Err(Stale)
     );
     assert!(!store.contains(&new), "nothing created by a stale report");
     assert_eq!(
-        store.absorb_report(&k, &spec(5), &report, Some(2)),
+        store.absorb_report(&k, &spec(5), &report, view(2)),
         Ok(Absorbed::Applied)
     );
     assert_eq!(
-        store.absorb_report(&k, &spec(5), &report, Some(2)),
+        store.absorb_report(&k, &spec(5), &report, view(2)),
         Ok(Absorbed::Duplicate)
     );
     assert_eq!(store.inspect(&k, 0).unwrap().remaining, 2);
+    // A node that may have been away decides nothing, whatever its view.
+    let away = Some(Fence {
+        view: 2,
+        present: &|| false,
+    });
+    assert_eq!(
+        store.decide_fenced(&k, &spec(5), Request::hits(1), 0, Seed::Fresh, away),
+        Err(Stale)
+    );
+    assert_eq!(store.inspect(&k, 0).unwrap().remaining, 2);
+}
+
+#[test]
+fn an_owned_merge_under_an_older_view_is_a_copy() {
+    let store = Store::new(10);
+    let k = key::encode("n", "k");
+    let elsewhere = Store::new(10);
+    elsewhere.decide(&k, &spec(5), Request::hits(2), 0);
+    store.set_fence(2);
+    store.merge(
+        &k,
+        elsewhere.snapshot(&k).unwrap(),
+        0,
+        Holding::Owned,
+        view(1),
+    );
+    assert!(!store.holds_own(&k), "the view changed meanwhile: a copy");
+    store.merge(
+        &k,
+        elsewhere.snapshot(&k).unwrap(),
+        0,
+        Holding::Owned,
+        view(2),
+    );
+    assert!(store.holds_own(&k));
 }
 
 #[test]
@@ -214,7 +256,7 @@ fn a_report_from_before_a_reset_is_dropped() {
     let store = Store::new(10);
     let k = key::encode("n", "k");
     store.decide(&k, &spec(5), Request::hits(1), 0);
-    store.reset(&k, 0);
+    store.reset(&k, 0, None).unwrap();
     let before = Report {
         edge: "e",
         seq: 1,

@@ -4,6 +4,7 @@
 
 pub mod load;
 pub mod pki;
+pub mod procs;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -85,6 +85,9 @@ pub(super) struct Gossip {
     /// Set when `Membership::join` first turns this node ready: a rejoin
     /// after that turns it ready again by itself.
     pub joined: watch::Receiver<bool>,
+    /// After a rejoin, the cluster size `N` it had (a fresh chitchat knows
+    /// no dead members), kept as a floor for `dead_grace`.
+    pub size_floor: Option<(usize, tokio::time::Instant)>,
 }
 
 impl Gossip {
@@ -100,7 +103,12 @@ impl Gossip {
             .lock()
             .map(|s| s.values.clone())
             .unwrap_or_default();
-        initial.insert(STATE.to_string(), Lifecycle::Joining.name().to_string());
+        // A rejoin is `joining` — unless this node is on its way out.
+        let state = match self.presence.lifecycle() {
+            Lifecycle::Leaving | Lifecycle::Left => self.presence.lifecycle(),
+            _ => Lifecycle::Joining,
+        };
+        initial.insert(STATE.to_string(), state.name().to_string());
         initial.remove(DEAD);
         let handle = chitchat::spawn_chitchat(
             config,
@@ -133,10 +141,10 @@ impl Gossip {
         loop {
             let chitchat = handle.chitchat();
             let mut live = chitchat.lock().await.live_nodes_watcher();
-            let rejoin = loop {
-                let gap = self.presence.stamp(boot_time());
+            let (rejoin, was) = loop {
+                let (gap, was) = self.presence.round(boot_time());
                 if gap >= self.presence.away_after() {
-                    break format!("away for {:?}", Duration::from_nanos(gap));
+                    break (format!("away for {:?}", Duration::from_nanos(gap)), was);
                 }
                 let view = {
                     let mut cc = chitchat.lock().await;
@@ -145,10 +153,22 @@ impl Gossip {
                         cc.self_node_state()
                             .set(DEAD, encode_tombstones(&burials.published));
                     }
-                    ClusterView::from_chitchat(&cc, &burials.published)
+                    let mut view = ClusterView::from_chitchat(&cc, &burials.published);
+                    if let Some((floor, until)) = self.size_floor {
+                        if tokio::time::Instant::now() < until {
+                            view.size = view.size.max(floor);
+                        } else {
+                            self.size_floor = None;
+                        }
+                    }
+                    view
                 };
                 if view.self_tombstoned {
-                    break "declared dead by a peer".to_string();
+                    let was = self.presence.lifecycle();
+                    if was == Lifecycle::Ready {
+                        self.presence.set_lifecycle(Lifecycle::Joining);
+                    }
+                    break ("declared dead by a peer".to_string(), was);
                 }
                 if !view.same_as(&self.view_tx.borrow()) {
                     let _ = self.view_tx.send(Arc::new(view));
@@ -166,7 +186,7 @@ impl Gossip {
                     }
                 }
             };
-            match self.rejoin(handle, &rejoin).await {
+            match self.rejoin(handle, &rejoin, was).await {
                 Some(h) => handle = h,
                 None => return,
             }
@@ -175,7 +195,12 @@ impl Gossip {
 
     /// Restart chitchat as a new generation, `joining`; turn ready again
     /// by the join rule (in the background) if this node had joined.
-    async fn rejoin(&mut self, handle: ChitchatHandle, why: &str) -> Option<ChitchatHandle> {
+    async fn rejoin(
+        &mut self,
+        handle: ChitchatHandle,
+        why: &str,
+        was: Lifecycle,
+    ) -> Option<ChitchatHandle> {
         let old = self.presence.generation();
         let known: Vec<String> = self
             .view_tx
@@ -185,10 +210,6 @@ impl Gossip {
             .filter(|m| m.node_id != self.view_tx.borrow().self_id)
             .map(|m| m.gossip_addr.to_string())
             .collect();
-        let was = self.presence.lifecycle();
-        if was == Lifecycle::Ready {
-            self.presence.set_lifecycle(Lifecycle::Joining);
-        }
         let _ = handle.shutdown().await;
         let generation = (boot_millis()).max(old + 1);
         tracing::warn!(
@@ -198,13 +219,18 @@ impl Gossip {
             "this node may have been declared dead: rejoining as a new member"
         );
         // Publish the new, empty view at once: the limiter stops owning
-        // anything and keeps its entries as copies.
+        // anything (it sees itself in a minority of the `N` it knew, so
+        // every key is on 1/N leases) and keeps its entries as copies.
         self.presence.set_generation(generation);
-        let self_id = self.view_tx.borrow().self_id.clone();
-        let _ = self
-            .view_tx
-            .send(Arc::new(ClusterView::alone(&self_id, generation)));
-        self.presence.stamp(boot_time());
+        let (self_id, size) = {
+            let v = self.view_tx.borrow();
+            (v.self_id.clone(), v.size)
+        };
+        self.size_floor = Some((size, tokio::time::Instant::now() + self.settings.dead_grace));
+        let mut alone = ClusterView::alone(&self_id, generation);
+        alone.size = size;
+        let _ = self.view_tx.send(Arc::new(alone));
+        self.presence.round(boot_time());
         loop {
             match self.spawn(generation, &known).await {
                 Ok(h) => {

@@ -18,22 +18,7 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use super::Lifecycle;
 
-/// Nanoseconds since boot, counting time suspended.
-pub fn boot_time() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_BOOTTIME exists on
-    // every Linux since 2.6.39 and cannot fail with a valid pointer.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-    if rc != 0 {
-        return 0;
-    }
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
-}
+pub use crate::clock::boot_time;
 
 /// This node's presence: its lifecycle state and its gossip loop's last
 /// stamp. Shared by the gossip thread (which writes it) and the limiter and
@@ -88,10 +73,19 @@ impl Presence {
         self.generation.store(generation, Ordering::SeqCst);
     }
 
-    /// The gossip loop ran at `now` (a `boot_time()`). Returns how long
-    /// since the previous stamp.
-    pub(super) fn stamp(&self, now: u64) -> u64 {
-        now.saturating_sub(self.stamp.swap(now, Ordering::SeqCst))
+    /// The gossip loop runs at `now` (a `boot_time()`). If its previous
+    /// round is older than `away_after`, this node may have been away: a
+    /// ready node turns `joining` *before* the fresh stamp is written (a
+    /// request reads the stamp first, then the state: it never sees a fresh
+    /// stamp with the old `ready`). Returns the gap, and the state it had.
+    pub(super) fn round(&self, now: u64) -> (u64, Lifecycle) {
+        let gap = now.saturating_sub(self.stamp.load(Ordering::SeqCst));
+        let was = self.lifecycle();
+        if gap >= self.away_after && was == Lifecycle::Ready {
+            self.set_lifecycle(Lifecycle::Joining);
+        }
+        self.stamp.store(now, Ordering::SeqCst);
+        (gap, was)
     }
 
     pub fn away_after(&self) -> u64 {
@@ -103,9 +97,10 @@ impl Presence {
         now.saturating_sub(self.stamp.load(Ordering::SeqCst)) < self.away_after
     }
 
-    /// Ready and present: may decide keys as their owner.
+    /// Ready and present: may decide keys as their owner. The stamp is read
+    /// before the state (see [`Presence::round`]).
     pub fn may_own(&self, now: u64) -> bool {
-        self.lifecycle() == Lifecycle::Ready && self.present(now)
+        self.present(now) && self.lifecycle() == Lifecycle::Ready
     }
 
     /// [`Presence::may_own`] now: what readiness probes report.
@@ -131,11 +126,20 @@ mod tests {
         assert!(!p.may_own(boot_time()), "joining owns nothing");
         p.set_lifecycle(Lifecycle::Ready);
         let now = boot_time();
-        p.stamp(now);
+        p.round(now);
         assert!(p.may_own(now + 999));
         assert!(!p.may_own(now + 1_000), "a stamp as old as away_after");
-        assert_eq!(p.stamp(now + 5_000), 5_000, "the gap is reported");
-        assert!(p.may_own(now + 5_000));
+        assert_eq!(p.round(now + 500), (500, Lifecycle::Ready));
+        assert_eq!(
+            p.round(now + 5_500),
+            (5_000, Lifecycle::Ready),
+            "the gap is reported"
+        );
+        assert!(
+            !p.may_own(now + 5_500),
+            "back from away: joining, though the stamp is fresh"
+        );
+        p.set_lifecycle(Lifecycle::Ready);
         assert!(p.advance(Lifecycle::Ready, Lifecycle::Leaving));
         assert!(!p.advance(Lifecycle::Joining, Lifecycle::Ready));
         assert_eq!(p.lifecycle(), Lifecycle::Leaving);

@@ -66,7 +66,12 @@ impl MemberInfo {
 
     /// Ready, and speaking a peer protocol at most one version apart.
     pub fn in_ring(&self) -> bool {
-        self.state == Lifecycle::Ready && self.protocol.abs_diff(PEER_PROTOCOL_VERSION) <= 1
+        self.state == Lifecycle::Ready && self.in_protocol()
+    }
+
+    /// Speaks a peer protocol at most one version apart from this build's.
+    pub fn in_protocol(&self) -> bool {
+        self.protocol.abs_diff(PEER_PROTOCOL_VERSION) <= 1
     }
 
     pub fn as_member(&self) -> Member {
@@ -240,8 +245,17 @@ impl Burials {
         if !majority {
             return false;
         }
+        // A member that announced its departure never comes back under
+        // its generation: no tombstone needed (the list is bounded).
+        let departed = |id: &ChitchatId| {
+            chitchat
+                .node_state(id)
+                .and_then(|s| s.get(STATE))
+                .is_some_and(|s| s == Lifecycle::Leaving.name() || s == Lifecycle::Left.name())
+        };
         let mut dead: Vec<Tombstone> = chitchat
             .dead_nodes()
+            .filter(|id| !departed(id))
             .map(pair)
             .filter(|t| self.seen_live.contains(t))
             .chain(self.published.iter().cloned())
