@@ -17,6 +17,9 @@ use sluice::config::Config;
 
 const LIMIT: i64 = 100;
 const PACE: Duration = Duration::from_millis(5);
+/// A lease share of the limit (N = 3): what one fallback during the rings'
+/// convergence may admit beyond the count.
+const TOUCHED_SLACK: i64 = LIMIT / 3;
 
 fn settings(c: &mut Config) {
     // The gossip in tests runs every 50 ms; a leaving node answers for
@@ -63,6 +66,7 @@ async fn scale_out_three_to_four_then_in_keeps_counts() {
     // them that move to node-3 and back, and the rest that stay.
     let ids = ["node-0", "node-1", "node-2", "node-3"];
     let keys = keys_owned_by(&ids, "scale", 3);
+    let keys_of_node_3 = keys.iter().filter(|k| k.starts_with("node-3")).count();
     let load = Load::start(
         "scale",
         keys,
@@ -79,11 +83,8 @@ async fn scale_out_three_to_four_then_in_keeps_counts() {
     load.add_target("node-3", fourth.channel.clone());
     let at_out = load.snapshot().min_offered();
     load.until_offered(at_out + LIMIT / 3).await;
-    let pulls = metric(&fourth, "sluice_pulls_total{result=\"state\"}").await;
-    let mut handed = 0.0;
-    for n in &nodes {
-        handed += metric(n, "sluice_handed_off_states_total").await;
-    }
+    let received = metric(&fourth, "sluice_transfer_received_states_total").await;
+    let moved = keys_of_node_3 as f64;
 
     // Scale in: node-3 leaves and hands its keys back.
     load.drop_target("node-3").await;
@@ -96,15 +97,18 @@ async fn scale_out_three_to_four_then_in_keeps_counts() {
     .await;
     let at_in = load.snapshot().min_offered();
     let tally = load.finish(3 * LIMIT).await;
-    let over = tally.over_admission(LIMIT);
     println!(
-        "scale out 3 → 4 (at {at_out} offered per key), in 4 → 3 (at {at_in}): {}; node-3 pulled {pulls} keys and was handed {handed}",
+        "scale out 3 → 4 (at {at_out} offered per key), in 4 → 3 (at {at_in}): {}; node-3 received {received} states",
         tally.summary(LIMIT)
     );
     assert_eq!(tally.errors, 0, "{:?}", tally.first_errors);
-    assert!(over <= 0.02, "over-admission {over}");
+    // Per key: a key that never moved admits exactly its limit; one that
+    // moved to node-3 and back, too — its count went with it each time
+    // (`TOUCHED_SLACK`: what a caller's fallback during the rings'
+    // convergence may add, a lease share).
+    tally.assert_per_key(LIMIT, |k| k.starts_with("node-3"), TOUCHED_SLACK);
     assert!(
-        pulls + handed > 0.0,
-        "the keys that moved to node-3 reached it by pull or handoff"
+        received >= moved,
+        "node-3 received the keys that moved to it (from their owners and replica holders): {received} < {moved}"
     );
 }

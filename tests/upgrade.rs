@@ -3,7 +3,7 @@
 //! binary are replaced one at a time (SIGTERM, then this binary under the
 //! same node id), so the cluster runs mixed 2 ↔ 3 between steps.
 //!
-//! Needs the previous release's binary: `SLUICE_PREVIOUS_BIN=path`
+//! Needs the previous release's binary: `PREVIOUS_SLUICE_BIN=path`
 //! (`.ci/run` builds it from the commit `PREVIOUS_RELEASE` names). Ignored
 //! by a plain `cargo test` for that reason; CI runs it as its own stage.
 //!
@@ -26,10 +26,10 @@ const LIMIT: i64 = 100;
 const MIXED_SLACK: i64 = 3;
 
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "needs the previous release's binary: SLUICE_PREVIOUS_BIN"]
+#[ignore = "needs the previous release's binary: PREVIOUS_SLUICE_BIN"]
 async fn a_rolling_upgrade_from_protocol_2_keeps_every_count() {
-    let previous = std::env::var("SLUICE_PREVIOUS_BIN")
-        .expect("SLUICE_PREVIOUS_BIN: the previous release's sluice binary");
+    let previous = std::env::var("PREVIOUS_SLUICE_BIN")
+        .expect("PREVIOUS_SLUICE_BIN: the previous release's sluice binary");
     let ids = ["node-0", "node-1", "node-2"];
     let gossip = ports(3);
     let mut procs: Vec<Proc> = (0..3)

@@ -3,8 +3,8 @@
 //! When an owner answers, the edge remembers its `remaining` (the seed of a
 //! future lease). A node decides only keys its own ring gives it: an owner
 //! whose ring disagrees answers with a redirect, and the edge follows at
-//! most two (rings converge in a gossip round or two) before it decides
-//! without the owner.
+//! most three (rings converge in a gossip round or two), pausing briefly
+//! when the redirects go in circles, before it decides without the owner.
 
 use std::sync::Arc;
 
@@ -52,8 +52,18 @@ impl Limiter {
             budget_ns: budget,
         };
         let mut target = owner;
-        // The owner, then at most two redirects.
-        for _ in 0..3 {
+        let mut tried: Vec<Arc<str>> = Vec::with_capacity(4);
+        // The owner, then at most three redirects. Rings disagree only
+        // while a change spreads (a gossip round or two): a redirect back to
+        // a node already asked means someone's ring lags — give it a moment
+        // (within the caller's budget) before asking again.
+        for attempt in 0..4 {
+            if tried.contains(&target) {
+                let pause = std::time::Duration::from_millis(2 << attempt)
+                    .min(super::route::budget_left(deadline) / 4);
+                tokio::time::sleep(pause).await;
+            }
+            tried.push(target.clone());
             item.budget_ns = super::route::budget_left(deadline).as_nanos() as u64;
             if item.budget_ns == 0 {
                 break;
@@ -88,15 +98,33 @@ impl Limiter {
                         }
                     }
                 }
-                Ok(Some(pb::forward_result::Result::Redirect(to)))
-                    if *to.node_id != *self.shared.node_id =>
-                {
+                Ok(Some(pb::forward_result::Result::Redirect(to))) => {
                     item.redirected = true;
-                    target = Arc::from(to.node_id.as_str());
+                    if *to.node_id == *self.shared.node_id {
+                        // Its ring names this node; this node's names it.
+                        // Whichever lags, follow this node's ring when it
+                        // has caught up.
+                        tokio::time::sleep(
+                            std::time::Duration::from_millis(2 << attempt)
+                                .min(super::route::budget_left(deadline) / 4),
+                        )
+                        .await;
+                        match self
+                            .ring()
+                            .owner(&key::encode(&r.check.name, &r.check.unique_key))
+                        {
+                            Some(o) if o.node_id != self.shared.node_id => {
+                                target = o.node_id.clone();
+                            }
+                            // This node's ring caught up: it owns the key.
+                            _ => return (self.decide_rerouted(r, deadline).await, None),
+                        }
+                    } else {
+                        target = Arc::from(to.node_id.as_str());
+                    }
                 }
                 Ok(other) => {
-                    // A redirect back here (the rings disagree: this node's
-                    // names the other), an expired or unavailable answer.
+                    // An expired or unavailable answer.
                     tracing::debug!(peer = %target, answer = ?other, "forward not decided");
                     break;
                 }
@@ -107,5 +135,37 @@ impl Limiter {
             }
         }
         (self.fallback(r, t, false), None)
+    }
+
+    /// Decide `r` here after the owner's ring named this node and this
+    /// node's ring caught up: under the view now current (taking the key
+    /// from the members still transferring if it lacks it), or without the
+    /// owner if the view moved it elsewhere again.
+    async fn decide_rerouted(&self, r: &Resolved<'_>, deadline: tokio::time::Instant) -> Verdict {
+        let t = self.shared.topology.load_full();
+        let route = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
+            self.route(k, &t, self.may_own())
+        });
+        let decided = match route {
+            super::route::Route::Here => self.decide_here(r, &t).ok(),
+            super::route::Route::Lacking => {
+                let k = key::encode(&r.check.name, &r.check.unique_key);
+                let taken = self
+                    .take_lacking(
+                        std::slice::from_ref(&k),
+                        &t,
+                        super::route::budget_left(deadline),
+                    )
+                    .await;
+                let took = !taken.stale && (taken.reached_all || taken.owned.contains(&k));
+                if took {
+                    self.decide_here(r, &t).ok()
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        };
+        decided.unwrap_or_else(|| self.fallback(r, &t, false))
     }
 }

@@ -22,11 +22,16 @@ use super::{inline, under};
 
 pub const YEAR_MS: i64 = 365 * 24 * 3_600 * 1_000;
 
+/// The callers' deadline in load tests.
+pub const DEADLINE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// What a run of requests got.
 #[derive(Default, Debug, Clone)]
 pub struct Tally {
     pub admitted: BTreeMap<String, i64>,
     pub offered: BTreeMap<String, i64>,
+    /// Admitted per (key, node asked).
+    pub admitted_via: BTreeMap<(String, String), i64>,
     pub errors: usize,
     pub approximate: usize,
     /// The first few errors, to say what went wrong.
@@ -36,11 +41,13 @@ pub struct Tally {
 }
 
 impl Tally {
-    fn record(&mut self, k: &str, r: Result<pb::RateLimitResponse, tonic::Status>) {
+    fn record(&mut self, k: &str, via: &str, r: Result<pb::RateLimitResponse, tonic::Status>) {
         *self.offered.entry(k.into()).or_default() += 1;
         match r {
             Ok(a) if a.error.is_none() && a.status != pb::Status::Unavailable as i32 => {
                 *self.admitted.entry(k.into()).or_default() += i64::from(under(&a));
+                *self.admitted_via.entry((k.into(), via.into())).or_default() +=
+                    i64::from(under(&a));
                 self.approximate += usize::from(a.approximate);
             }
             other => {
@@ -65,6 +72,38 @@ impl Tally {
         self.offered.values().copied().min().unwrap_or(0)
     }
 
+    /// Per key: the keys `touched` may admit up to `limit + bound`; every
+    /// other key exactly `limit` (the reference, on frozen clocks or limits
+    /// that do not refill within the test). Panics naming each key that
+    /// does not hold, and unless every key was offered 3× its limit.
+    pub fn assert_per_key(&self, limit: i64, touched: impl Fn(&str) -> bool, bound: i64) {
+        let mut wrong = Vec::new();
+        for (k, &n) in &self.offered {
+            assert!(n >= 3 * limit, "{k}: only {n} offered");
+            let admitted = self.admitted.get(k).copied().unwrap_or(0);
+            let ok = if touched(k) {
+                admitted <= limit + bound
+            } else {
+                admitted == limit
+            };
+            if !ok {
+                wrong.push(format!(
+                    "{k} ({}): admitted {admitted}",
+                    if touched(k) { "touched" } else { "untouched" }
+                ));
+            }
+        }
+        assert!(
+            wrong.is_empty(),
+            "limit {limit}, touched keys within +{bound}: {wrong:?}"
+        );
+    }
+
+    /// The largest over-admission of one key (admitted − limit).
+    pub fn worst(&self, limit: i64) -> i64 {
+        self.admitted.values().map(|a| a - limit).max().unwrap_or(0)
+    }
+
     /// Admitted ÷ reference − 1; panics unless every key was offered at
     /// least 3× its limit (DESIGN §7).
     pub fn over_admission(&self, limit: i64) -> f64 {
@@ -79,11 +118,12 @@ impl Tally {
     pub fn summary(&self, limit: i64) -> String {
         let admitted: i64 = self.admitted.values().sum();
         format!(
-            "admitted {admitted} of reference {} over {} keys ({} requests): over-admission {:.2}%, {} approximate, {} errors, p99 {:?}",
+            "admitted {admitted} of reference {} over {} keys ({} requests): over-admission {:.2}% (worst key {:+}), {} approximate, {} errors, p99 {:?}",
             limit * self.offered.len() as i64,
             self.offered.len(),
             self.offered.values().sum::<i64>(),
             self.over_admission(limit) * 100.0,
+            self.worst(limit),
             self.approximate,
             self.errors,
             self.p99(),
@@ -155,17 +195,20 @@ impl Load {
                     rounds.store(round, Ordering::SeqCst);
                     let round_targets = targets.lock().unwrap().clone();
                     for (i, k) in keys.iter().enumerate() {
-                        let (_, channel) = &round_targets[(round + i) % round_targets.len()];
+                        let (via, channel) = &round_targets[(round + i) % round_targets.len()];
                         let started = std::time::Instant::now();
+                        let mut request = tonic::Request::new(pb::CheckRequest {
+                            requests: vec![inline(&name, k, limit, YEAR_MS)],
+                        });
+                        // The callers' explicit deadline.
+                        request.set_timeout(DEADLINE);
                         let r = RateLimiterClient::new(channel.clone())
-                            .check(pb::CheckRequest {
-                                requests: vec![inline(&name, k, limit, YEAR_MS)],
-                            })
+                            .check(request)
                             .await
                             .map(|r| r.into_inner().responses.remove(0));
                         let mut t = tally.lock().unwrap();
                         t.latencies.push(started.elapsed());
-                        t.record(k, r);
+                        t.record(k, via, r);
                     }
                     tokio::time::sleep(pace).await;
                 }

@@ -153,7 +153,8 @@ impl Gossip {
                         cc.self_node_state()
                             .set(DEAD, encode_tombstones(&burials.published));
                     }
-                    let mut view = ClusterView::from_chitchat(&cc, &burials.published);
+                    let previous = self.view_tx.borrow().clone();
+                    let mut view = ClusterView::from_chitchat(&cc, &burials.published, &previous);
                     if let Some((floor, until)) = self.size_floor {
                         if tokio::time::Instant::now() < until {
                             view.size = view.size.max(floor);

@@ -174,7 +174,12 @@ impl Membership {
         let stop = CancellationToken::new();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (push_tx, push_rx) = tokio::sync::mpsc::channel(64);
-        let refresh = (cfg.gossip_interval / 2).max(Duration::from_millis(20));
+        // How often gossip's state is read into a view: a peer's new state
+        // (ready, leaving) arrives between rounds, and the sooner every
+        // node's ring follows, the fewer callers meet rings that disagree.
+        // Cheap: the ring is rebuilt only when its members change.
+        let refresh =
+            (cfg.gossip_interval / 4).clamp(Duration::from_millis(5), Duration::from_millis(25));
         let refresh_now = Arc::new(tokio::sync::Notify::new());
         let work = gossip::Gossip {
             refresh_now: refresh_now.clone(),

@@ -125,10 +125,13 @@ impl ClusterView {
     }
 
     /// Build the view from chitchat's state; `own_dead` are the tombstones
-    /// this node gossips (its failure detector's dead members).
+    /// this node gossips (its failure detector's dead members). The ring is
+    /// `previous`'s when its members are the same (4,096 points per member
+    /// are sorted only when membership changed).
     pub(super) fn from_chitchat(
         chitchat: &chitchat::Chitchat,
         own_dead: &BTreeSet<Tombstone>,
+        previous: &ClusterView,
     ) -> ClusterView {
         let self_cc = chitchat.self_chitchat_id();
         let self_id = self_cc.node_id.clone();
@@ -159,12 +162,16 @@ impl ClusterView {
                 }
             }
         }
-        let ring = Ring::new(
-            members
-                .values()
-                .filter(|m| m.in_ring())
-                .map(MemberInfo::as_member),
-        );
+        let in_ring: Vec<_> = members
+            .values()
+            .filter(|m| m.in_ring())
+            .map(MemberInfo::as_member)
+            .collect();
+        let ring = if in_ring == previous.ring.members() {
+            previous.ring.clone()
+        } else {
+            Arc::new(Ring::new(in_ring))
+        };
         let mut counted: BTreeSet<Arc<str>> = members
             .values()
             .filter(|m| m.state == Lifecycle::Ready)
@@ -196,7 +203,7 @@ impl ClusterView {
             self_id,
             self_generation: self_cc.generation_id,
             members: members.into_values().collect(),
-            ring: Arc::new(ring),
+            ring,
             size: counted.len().max(1),
         }
     }
