@@ -665,12 +665,12 @@ impl Sender {
     }
 
     /// A test-injected cut behaves like a network that drops packets: the
-    /// call times out.
-    async fn cut(&self) -> Option<ForwardError> {
+    /// call times out (after `timeout`, the call's deadline).
+    async fn cut(&self, timeout: Duration) -> Option<ForwardError> {
         if !self.faults.grpc_cut(&self.node_id) {
             return None;
         }
-        tokio::time::sleep(self.timeout).await;
+        tokio::time::sleep(timeout).await;
         Some(ForwardError::Unreachable {
             peer: self.node_id.to_string(),
             reason: "deadline exceeded (cut by a test fault)".into(),
@@ -708,7 +708,7 @@ impl Sender {
         let timeout = timeout
             .unwrap_or(self.timeout)
             .max(Duration::from_millis(1));
-        let outcome = match self.cut().await {
+        let outcome = match self.cut(timeout).await {
             Some(e) => Err(e),
             None => {
                 let mut request = tonic::Request::new(request);
@@ -775,10 +775,6 @@ impl Sender {
         let n = items.len();
         let started = Instant::now();
         self.metrics.rpc_attempt(&self.node_id);
-        if let Some(e) = self.cut().await {
-            self.metrics.forward_error(&self.node_id, "timeout");
-            return Err(e);
-        }
         // As long as the most patient of its callers waits (each item
         // carries its own budget; the owner drops those that run out).
         let timeout = items
@@ -788,6 +784,10 @@ impl Sender {
             .filter(|b| !b.is_zero())
             .unwrap_or(self.timeout)
             .max(Duration::from_millis(1));
+        if let Some(e) = self.cut(timeout).await {
+            self.metrics.forward_error(&self.node_id, "timeout");
+            return Err(e);
+        }
         let mut request = tonic::Request::new(pb::ForwardRequest {
             protocol_version: PEER_PROTOCOL_VERSION,
             ring_epoch: self.epoch.load(Ordering::Relaxed),

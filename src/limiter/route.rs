@@ -28,6 +28,19 @@ pub(super) fn budget_left(deadline: tokio::time::Instant) -> std::time::Duration
     left.saturating_sub((left / 10).max(std::time::Duration::from_millis(1)))
 }
 
+/// When a batch given `budget` must be decided by: the caller's deadline
+/// less a reserve (a tenth, at least a millisecond, at most 20 ms) for
+/// deciding what is still open without the owner and for the answer's way
+/// back — a forward that waits out the whole budget answers a caller that
+/// has already given up.
+pub(super) fn answer_by(budget: std::time::Duration) -> tokio::time::Instant {
+    let reserve = (budget / 10).clamp(
+        std::time::Duration::from_millis(1),
+        std::time::Duration::from_millis(20),
+    );
+    tokio::time::Instant::now() + budget.saturating_sub(reserve)
+}
+
 /// Where a key is decided.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum Route {
@@ -102,7 +115,7 @@ impl Limiter {
         items: Vec<Result<Check, ItemError>>,
         budget: Option<std::time::Duration>,
     ) -> Vec<Result<Verdict, ItemError>> {
-        let deadline = tokio::time::Instant::now() + budget.unwrap_or(self.shared.settings.budget);
+        let deadline = answer_by(budget.unwrap_or(self.shared.settings.budget));
         let policies = self.shared.policies.load_full();
         let mut out: Vec<Option<Result<Verdict, ItemError>>> = vec![None; items.len()];
         let mut todo: Vec<(usize, Resolved<'_>)> = Vec::with_capacity(items.len());

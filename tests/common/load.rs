@@ -32,7 +32,13 @@ pub struct Tally {
     pub offered: BTreeMap<String, i64>,
     /// Admitted per (key, node asked).
     pub admitted_via: BTreeMap<(String, String), i64>,
+    /// Admitted on an `approximate` answer, per (key, node asked): what a
+    /// node decided without the owner.
+    pub approximate_via: BTreeMap<(String, String), i64>,
     pub errors: usize,
+    /// `UNAVAILABLE` answers (an error for `Load`, which expects none; a
+    /// typed answer for `record_answer`, which counts them here).
+    pub unavailable: usize,
     pub approximate: usize,
     /// The first few errors, to say what went wrong.
     pub first_errors: Vec<String>,
@@ -42,21 +48,61 @@ pub struct Tally {
 
 impl Tally {
     fn record(&mut self, k: &str, via: &str, r: Result<pb::RateLimitResponse, tonic::Status>) {
-        *self.offered.entry(k.into()).or_default() += 1;
         match r {
             Ok(a) if a.error.is_none() && a.status != pb::Status::Unavailable as i32 => {
-                *self.admitted.entry(k.into()).or_default() += i64::from(under(&a));
-                *self.admitted_via.entry((k.into(), via.into())).or_default() +=
-                    i64::from(under(&a));
-                self.approximate += usize::from(a.approximate);
+                self.record_answer(k, via, &a);
             }
             other => {
+                *self.offered.entry(k.into()).or_default() += 1;
                 self.errors += 1;
                 if self.first_errors.len() < 5 {
                     self.first_errors.push(format!("{k}: {other:?}"));
                 }
             }
         }
+    }
+
+    /// One answer to a check of `k` sent to `via`.
+    pub fn record_answer(&mut self, k: &str, via: &str, a: &pb::RateLimitResponse) {
+        *self.offered.entry(k.into()).or_default() += 1;
+        if a.error.is_some() {
+            self.errors += 1;
+            if self.first_errors.len() < 5 {
+                self.first_errors.push(format!("{k}: {a:?}"));
+            }
+        }
+        self.unavailable += usize::from(a.status == pb::Status::Unavailable as i32);
+        self.approximate += usize::from(a.approximate);
+        let admitted = i64::from(under(a));
+        *self.admitted.entry(k.into()).or_default() += admitted;
+        *self.admitted_via.entry((k.into(), via.into())).or_default() += admitted;
+        if a.approximate {
+            *self
+                .approximate_via
+                .entry((k.into(), via.into()))
+                .or_default() += admitted;
+        }
+    }
+
+    /// Per key of `keys`: `via`, deciding without the owner, admitted at
+    /// least `at_least` — its share of what it had seen, so a node that
+    /// admits nothing when cut off cannot pass a fault test.
+    pub fn assert_share(&self, keys: &[String], via: &str, at_least: i64) {
+        let short: Vec<String> = keys
+            .iter()
+            .filter_map(|k| {
+                let got = self
+                    .approximate_via
+                    .get(&(k.clone(), via.to_string()))
+                    .copied()
+                    .unwrap_or(0);
+                (got < at_least).then(|| format!("{k}: {got}"))
+            })
+            .collect();
+        assert!(
+            short.is_empty(),
+            "{via} admitted less than its share ({at_least}) without the owner: {short:?}"
+        );
     }
 
     /// The 99th percentile of the calls' latencies.

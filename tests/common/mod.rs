@@ -104,6 +104,24 @@ impl TestNode {
         self.check_all(vec![r]).await.remove(0)
     }
 
+    /// Send one request with the caller's deadline `within` (the
+    /// `grpc-timeout` header a real client sets).
+    pub async fn check_within(
+        &self,
+        r: pb::RateLimitRequest,
+        within: Duration,
+    ) -> pb::RateLimitResponse {
+        let mut request = tonic::Request::new(pb::CheckRequest { requests: vec![r] });
+        request.set_timeout(within);
+        self.client()
+            .check(request)
+            .await
+            .expect("call succeeds")
+            .into_inner()
+            .responses
+            .remove(0)
+    }
+
     pub async fn check_all(
         &self,
         requests: Vec<pb::RateLimitRequest>,
