@@ -2,7 +2,9 @@
 //! its limit, evenly and unevenly. Asserted: over-admission (DESIGN §7)
 //! within 5%, the busy node's admitted share within 10 points of its share
 //! of the demand, most decisions without a hop, every answer saying which
-//! path decided. The figures are printed (`-- --nocapture`).
+//! path decided. The figures are printed (`-- --nocapture`). One key per
+//! test, so every bound is a per-key bound; callers set the load tests'
+//! deadline (100 ms); `report_interval` is 20 ms.
 //!
 //! Real time (the nodes' clocks are driven by it): a token bucket of
 //! `RATE`/s with a burst of `RATE`, offered 10× that for `SECONDS`. The
@@ -46,27 +48,39 @@ async fn hammer(nodes: &[&TestNode], key: &str, weights: &[usize], seconds: u64)
     let pace = Duration::from_secs_f64(per_round as f64 / (10 * RATE) as f64);
     let mut tick = tokio::time::interval(pace);
     let started = Instant::now();
+    let mut round = 0;
     while started.elapsed() < Duration::from_secs(seconds) {
         tick.tick().await;
-        let calls = nodes.iter().zip(weights).map(|(n, &w)| {
+        // Each round's calls leave in a rotated order: in lockstep rounds
+        // the node always asked first would take every token that refilled
+        // since the last round (a bias of the harness, not of the limiter:
+        // real callers do not move in rounds). Seen: node-0 admitted 43.5%
+        // on an even third of the demand, once in six runs.
+        round += 1;
+        let order: Vec<usize> = (0..nodes.len())
+            .map(|j| (j + round) % nodes.len())
+            .collect();
+        let calls = order.iter().map(|&i| (nodes[i], weights[i])).map(|(n, w)| {
             let mut r = inline("hot", key, RATE, 1_000);
             r.mode = pb::Mode::Tiered as i32;
             let mut client = n.client();
             async move {
+                let mut request = tonic::Request::new(pb::CheckRequest {
+                    requests: vec![r; w],
+                });
+                request.set_timeout(common::load::DEADLINE);
                 client
-                    .check(pb::CheckRequest {
-                        requests: vec![r; w],
-                    })
+                    .check(request)
                     .await
                     .expect("answered")
                     .into_inner()
                     .responses
             }
         });
-        for (i, responses) in futures::future::join_all(calls)
-            .await
-            .into_iter()
-            .enumerate()
+        for (i, responses) in order
+            .iter()
+            .copied()
+            .zip(futures::future::join_all(calls).await)
         {
             for r in responses {
                 // Every caller answered: no error, never UNAVAILABLE.

@@ -47,7 +47,7 @@ pub struct Tally {
 }
 
 impl Tally {
-    fn record(&mut self, k: &str, via: &str, r: Result<pb::RateLimitResponse, tonic::Status>) {
+    pub fn record(&mut self, k: &str, via: &str, r: Result<pb::RateLimitResponse, tonic::Status>) {
         match r {
             Ok(a) if a.error.is_none() && a.status != pb::Status::Unavailable as i32 => {
                 self.record_answer(k, via, &a);
