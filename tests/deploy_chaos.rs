@@ -166,10 +166,16 @@ where
     tally
 }
 
-fn check(name: &str, tally: &Tally, bound: f64) {
+/// The intervals these faults depend on are the compose file's, the
+/// defaults (README): gossip every 200 ms, reports every 100 ms,
+/// replication every 20 ms, all ≤ 2 s; `dead_grace` (1 h) outlasts every
+/// 10 s fault here, so a node cut off stays in the minority throughout.
+///
+/// Per key (keys are named for their owner): keys whose owner `touched`
+/// admit at most `bound` over the limit, every other key exactly its limit.
+fn check(name: &str, tally: &Tally, touched: impl Fn(&str) -> bool, bound: i64) {
     assert_eq!(tally.errors, 0, "{name}: {:?}", tally.first_errors);
-    let over = tally.over_admission(LIMIT);
-    assert!(over <= bound, "{name}: over-admission {over} > {bound}");
+    tally.assert_per_key(LIMIT, touched, bound);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -191,7 +197,8 @@ async fn faults_in_containers() {
         c.docker(&["start", &c.container("sluice-3")]);
     })
     .await;
-    check("docker kill", &t, 0.05);
+    // The dead owner's keys: what arrived within one replication lag.
+    check("docker kill", &t, |k| k.starts_with("sluice-3"), LIMIT / 20);
 
     // Rolling restart with SIGTERM (docker stop), one container at a time.
     let keys = keys_owned_by(&NODES, "rolling", 3);
@@ -212,7 +219,9 @@ async fn faults_in_containers() {
     }
     let t = load.finish(3 * LIMIT).await;
     println!("rolling restart (docker stop/start): {}", t.summary(LIMIT));
-    check("rolling restart", &t, 0.02);
+    // Every key moves twice; the count goes with it (a caller's fallback
+    // while rings converge may add a share).
+    check("rolling restart", &t, |_| true, LIMIT / 50);
 
     if !full {
         return;
@@ -223,7 +232,9 @@ async fn faults_in_containers() {
         c.docker(&["unpause", &c.container("sluice-2")]);
     })
     .await;
-    check("docker pause 10 s", &t, 1.0 / 3.0);
+    // The paused node decided nothing while paused and rejoined as new;
+    // the others' keys moved and back: at most a lease share each.
+    check("docker pause 10 s", &t, |_| true, LIMIT / 3);
 
     let t = scenario(&c, "disconnect", "sluice-1", || async {
         c.docker(&[
@@ -244,5 +255,6 @@ async fn faults_in_containers() {
         ]);
     })
     .await;
-    check("network disconnect 10 s", &t, 1.0 / 3.0);
+    // The cut-off node decided every key on 1/N leases.
+    check("network disconnect 10 s", &t, |_| true, LIMIT / 3);
 }

@@ -387,7 +387,18 @@ impl Node {
             .limiter
             .hand_off(within.max(Duration::from_millis(500)))
             .await;
-        let acked = self.limiter.flush_reports().await;
+        // The last lease reports, retried (an owner's breaker may still be
+        // cooling down from a fault just healed) until each is
+        // acknowledged or the handoff's time is up.
+        let until = deadline.max(tokio::time::Instant::now() + Duration::from_millis(500));
+        let mut acked = 0;
+        loop {
+            acked += self.limiter.flush_reports().await;
+            if self.limiter.leases().unreported() == 0 || tokio::time::Instant::now() >= until {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         self.membership.announce_left().await;
         tracing::info!(
             taken = self.limiter.delivered(),

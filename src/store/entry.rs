@@ -7,6 +7,12 @@ use std::sync::Arc;
 
 use crate::algorithm::{Decision, Limited, Nanos, Request, Spec, State};
 
+/// How long a reset key is remembered after its last use, though its state
+/// is fresh: longer than any report is retried or replica lags while the
+/// nodes can reach each other (reports every `report_interval`, replicas
+/// every `replicate_interval`, a handoff within `handoff_timeout`).
+pub const RESET_MEMORY: Nanos = 10 * 60 * 1_000_000_000;
+
 /// A stored key (DESIGN §3: `{algorithm, limit, duration or window, burst,
 /// reset_gen, version, state}` — the spec carries the first four).
 #[derive(Clone, Debug)]
@@ -274,11 +280,24 @@ impl Entry {
         self.limited.reset(now);
         self.reset_gen += 1;
         self.version += 1;
+        self.last_seen = self.last_seen.max(now);
     }
 
-    /// After this time the state equals a fresh one: forgetting it loses nothing.
+    /// After this time forgetting the entry loses nothing: its state equals
+    /// a fresh one — and, for a key an operator reset, the reset is
+    /// [`RESET_MEMORY`] old. Its state is fresh the moment it is reset, but
+    /// its reset generation is what refuses consumption from before the
+    /// reset (a lease report, a replica) that arrives after it; a fresh
+    /// entry would count it again. (Found by `reset_is_the_admin_way_to_
+    /// refill_a_key`: the sweeper removed the key between the reset and the
+    /// inspect, once in seven runs.)
     pub fn idle_after(&self) -> Nanos {
-        self.limited.state().idle_after(self.limited.spec())
+        let fresh = self.limited.state().idle_after(self.limited.spec());
+        if self.reset_gen > 0 {
+            fresh.max(self.last_seen.saturating_add(RESET_MEMORY))
+        } else {
+            fresh
+        }
     }
 
     /// How far from fresh, in millionths of the capacity: the eviction score

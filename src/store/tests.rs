@@ -51,6 +51,21 @@ fn sweep_forgets_only_fresh_states() {
 }
 
 #[test]
+fn a_reset_key_is_remembered_though_its_state_is_fresh() {
+    use crate::store::entry::RESET_MEMORY;
+    let store = Store::new(10);
+    let a = key::encode("n", "a");
+    store.decide(&a, &spec(10), Request::hits(10), 0);
+    assert_eq!(store.reset(&a, S, None), Ok(true));
+    // Fresh again, but the reset generation must outlive the reports and
+    // replicas from before it: the sweeper keeps it.
+    assert_eq!(store.sweep(2 * S), 0);
+    assert_eq!(store.inspect(&a, 2 * S).unwrap().reset_gen, 1);
+    assert_eq!(store.sweep(S + RESET_MEMORY - 1), 0);
+    assert_eq!(store.sweep(S + RESET_MEMORY), 1);
+}
+
+#[test]
 fn evicts_the_key_closest_to_fresh_first() {
     let store = Store::new(3);
     let keys: Vec<_> = (0..3).map(|i| key::encode("n", &i.to_string())).collect();
