@@ -112,3 +112,54 @@ async fn scale_out_three_to_four_then_in_keeps_counts() {
         "node-3 received the keys that moved to it (from their owners and replica holders): {received} < {moved}"
     );
 }
+
+/// A member that gossips but does not answer the transfer (its gRPC cut
+/// from the new node) is flagged once `handoff_timeout` (300 ms here) has
+/// passed, in `/metrics` and in `cluster status`; the others said `done`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_member_silent_past_handoff_timeout_is_flagged() {
+    let tweak = |c: &mut Config| c.cluster.handoff_timeout = Duration::from_millis(300);
+    let nodes = cluster(3, |c| {
+        settings(c);
+        tweak(c);
+    })
+    .await;
+    let fourth = join(&nodes, "node-3", tweak).await;
+    let four: Vec<&TestNode> = nodes.iter().chain([&fourth]).collect();
+    rings_hold(&four, 4, "every ring to hold four nodes").await;
+    // node-3 loses node-1 over gRPC (gossip still says it is alive), then
+    // the ring changes again: node-3's new view asks node-1 in vain.
+    fourth.node.faults.cut_grpc("node-1");
+    let fifth = join(&nodes, "node-4", tweak).await;
+    let all: Vec<&TestNode> = four.iter().copied().chain([&fifth]).collect();
+    rings_hold(&all, 5, "every ring to hold five nodes").await;
+    eventually(
+        "node-1 flagged in node-3's transfer",
+        Duration::from_secs(10),
+        || async {
+            let s = fourth.node.limiter.transfer_status();
+            !s.complete
+                && s.members.iter().all(|(id, p, stalled)| {
+                    if &**id == "node-1" {
+                        *stalled
+                    } else {
+                        p.standing.name() == "done" && !stalled
+                    }
+                })
+        },
+    )
+    .await;
+    // The gauge is exported periodically between views.
+    eventually("the stalled gauge", Duration::from_secs(5), || async {
+        metric(&fourth, "sluice_transfer_stalled_members").await == 1.0
+    })
+    .await;
+    // Healed: node-1 answers, says done, the transfer completes.
+    fourth.node.faults.heal();
+    eventually(
+        "the transfer complete once node-1 answers",
+        Duration::from_secs(10),
+        || async { fourth.node.limiter.transfer_status().complete },
+    )
+    .await;
+}

@@ -35,6 +35,21 @@ async fn three_processes_enforce_one_limit() {
         assert!((0.25..0.42).contains(&share), "{m}");
     }
     assert_eq!(s["cluster_size"], 3);
+    // Its ownership transfer for the current view is complete: every other
+    // member said `done` (the node asked is no source of its own).
+    common::eventually(
+        "proc-1's transfer complete",
+        Duration::from_secs(10),
+        || async {
+            let s = status(&p1.grpc).unwrap();
+            s["transfer_complete"] == true
+                && s["members"].as_array().unwrap().iter().all(|m| {
+                    let want = if m["node_id"] == "proc-1" { "" } else { "done" };
+                    m["transfer"] == want
+                })
+        },
+    )
+    .await;
 
     let mut clients = Vec::new();
     for p in [&p0, &p1, &p2] {

@@ -41,7 +41,8 @@ pub async fn run(args: ClusterArgs) -> CliResult {
                     "node_id": m.node_id, "generation": m.generation, "state": m.state,
                     "grpc_addr": m.grpc_addr, "gossip_addr": m.gossip_addr, "version": m.version,
                     "protocol": m.protocol, "policy_hash": m.policy_hash, "in_ring": m.in_ring,
-                    "ring_share": m.ring_share,
+                    "ring_share": m.ring_share, "transfer": m.transfer,
+                    "transfer_received": m.transfer_received,
                 })
             })
             .collect();
@@ -49,14 +50,16 @@ pub async fn run(args: ClusterArgs) -> CliResult {
             "self": s.self_node_id,
             "ring_epoch": format!("{:016x}", s.ring_epoch),
             "cluster_size": s.cluster_size,
+            "view": s.view,
+            "transfer_complete": s.transfer_complete,
             "members": members,
         });
         println!("{out}");
         return Ok(());
     }
     println!(
-        "{:<20} {:<8} {:<22} {:>7} {:<8} {:<16}",
-        "NODE", "STATE", "GRPC", "SHARE", "VERSION", "POLICY HASH"
+        "{:<20} {:<8} {:<22} {:>7} {:<8} {:<16} {:<12} {:>8}",
+        "NODE", "STATE", "GRPC", "SHARE", "VERSION", "POLICY HASH", "TRANSFER", "RECEIVED"
     );
     for m in &s.members {
         let me = if m.node_id == s.self_node_id {
@@ -64,22 +67,39 @@ pub async fn run(args: ClusterArgs) -> CliResult {
         } else {
             ""
         };
+        let transfer = if m.transfer.is_empty() {
+            "-"
+        } else {
+            &m.transfer
+        };
         println!(
-            "{:<20} {:<8} {:<22} {:>6.1}% {:<8} {:<16}",
+            "{:<20} {:<8} {:<22} {:>6.1}% {:<8} {:<16} {:<12} {:>8}",
             format!("{}{me}", m.node_id),
             m.state,
             m.grpc_addr,
             m.ring_share * 100.0,
             m.version,
-            m.policy_hash
+            m.policy_hash,
+            transfer,
+            m.transfer_received
         );
     }
     let ready = s.members.iter().filter(|m| m.in_ring).count();
     println!(
-        "{} members, {ready} in the ring (epoch {:016x}), N = {}   (* = the node asked)",
+        "{} members, {ready} in the ring (epoch {:016x}, view {}), N = {}   (* = the node asked)",
         s.members.len(),
         s.ring_epoch,
+        s.view,
         s.cluster_size
+    );
+    println!(
+        "ownership transfer for view {}: {}",
+        s.view,
+        if s.transfer_complete {
+            "complete (every source said done)"
+        } else {
+            "in progress (keys this node lacks are pulled before they are decided)"
+        }
     );
     Ok(())
 }

@@ -325,7 +325,37 @@ impl Limiter {
     }
 }
 
+/// The transfer of this node's current view, for `cluster status`.
+#[derive(Clone, Debug)]
+pub struct TransferStatus {
+    pub view: u64,
+    pub complete: bool,
+    /// Per source member: its progress, and whether it is silent past
+    /// `handoff_timeout`.
+    pub members: Vec<(Arc<str>, Progress, bool)>,
+}
+
 impl Limiter {
+    /// Where this node's transfer for its current view stands.
+    pub fn transfer_status(&self) -> TransferStatus {
+        let t = self.shared.topology.load_full();
+        let late = t.incoming.started().elapsed() > self.shared.settings.handoff_timeout;
+        TransferStatus {
+            view: t.view,
+            complete: t.incoming.complete(),
+            members: t
+                .incoming
+                .progress()
+                .into_iter()
+                .map(|(id, p)| {
+                    let stalled =
+                        late && matches!(p.standing, Standing::Pending | Standing::Unreachable);
+                    (id, p, stalled)
+                })
+                .collect(),
+        }
+    }
+
     /// Publish the transfer's progress in `/metrics` (called on every view
     /// and periodically), and warn about members silent past
     /// `handoff_timeout`.
@@ -350,13 +380,12 @@ impl Limiter {
                 .get_or_create(&vec![("standing", standing.name())])
                 .set(n as i64);
         }
-        let late = incoming.started().elapsed() > self.shared.settings.handoff_timeout;
-        let stalled: Vec<&Arc<str>> = progress
-            .iter()
-            .filter(|(_, p)| {
-                late && matches!(p.standing, Standing::Pending | Standing::Unreachable)
-            })
-            .map(|(id, _)| id)
+        let stalled: Vec<Arc<str>> = self
+            .transfer_status()
+            .members
+            .into_iter()
+            .filter(|(_, _, stalled)| *stalled)
+            .map(|(id, _, _)| id)
             .collect();
         if !stalled.is_empty() && m.transfer_stalled.get() == 0 {
             tracing::warn!(view = t.view, members = ?stalled, "ownership transfer: members silent past handoff_timeout");

@@ -129,20 +129,41 @@ impl Admin for AdminService {
     ) -> Result<Response<pb::ClusterStatusResponse>, Status> {
         let view = self.membership.view();
         let shares: std::collections::HashMap<_, _> = view.ring.shares().into_iter().collect();
+        let transfer = self.limiter.transfer_status();
+        let standing = |id: &str| {
+            transfer
+                .members
+                .iter()
+                .find(|(m, _, _)| &**m == id)
+                .map(|(_, p, stalled)| {
+                    let name = if *stalled {
+                        "stalled"
+                    } else {
+                        p.standing.name()
+                    };
+                    (name.to_string(), p.received)
+                })
+                .unwrap_or_default()
+        };
         let members = view
             .members
             .iter()
-            .map(|m| pb::ClusterMember {
-                node_id: m.node_id.to_string(),
-                generation: m.generation,
-                state: m.state.name().to_string(),
-                grpc_addr: m.grpc_addr.clone(),
-                gossip_addr: m.gossip_addr.to_string(),
-                version: m.version.clone(),
-                protocol: m.protocol,
-                policy_hash: m.policy_hash.clone(),
-                in_ring: view.ring.member(&m.node_id).is_some(),
-                ring_share: shares.get(&m.node_id).copied().unwrap_or(0.0),
+            .map(|m| {
+                let (transfer, transfer_received) = standing(&m.node_id);
+                pb::ClusterMember {
+                    transfer,
+                    transfer_received,
+                    node_id: m.node_id.to_string(),
+                    generation: m.generation,
+                    state: m.state.name().to_string(),
+                    grpc_addr: m.grpc_addr.clone(),
+                    gossip_addr: m.gossip_addr.to_string(),
+                    version: m.version.clone(),
+                    protocol: m.protocol,
+                    policy_hash: m.policy_hash.clone(),
+                    in_ring: view.ring.member(&m.node_id).is_some(),
+                    ring_share: shares.get(&m.node_id).copied().unwrap_or(0.0),
+                }
             })
             .collect();
         Ok(Response::new(pb::ClusterStatusResponse {
@@ -150,6 +171,8 @@ impl Admin for AdminService {
             ring_epoch: view.ring.epoch(),
             cluster_size: view.size as u32,
             members,
+            view: transfer.view,
+            transfer_complete: transfer.complete,
         }))
     }
 }
