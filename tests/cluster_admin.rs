@@ -149,3 +149,47 @@ async fn a_leaving_node_delivers_its_unreported_lease_spending() {
     assert_eq!(approximate, 0);
     assert_eq!(left, LIMIT - 1 - on_lease, "the key's one count");
 }
+
+/// A caller's very short deadline is not a fault: the node still gives the
+/// owner its least budget (10 ms), so a healthy cluster answers exactly. (A
+/// deadline taken as given — 2 ms, less the reserve for the way back —
+/// left no time to forward: every check at a non-owner went on a lease, and
+/// a caller sending tiny deadlines to every edge collected each edge's
+/// share on top of the limit.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tiny_caller_deadline_is_no_reason_to_decide_on_a_lease() {
+    use sluice::algorithm::{Algorithm, Period, Request, Spec};
+    use sluice::limiter::{Check, LimitRef};
+    let nodes = cluster(3, fast).await;
+    let k = keys_owned_by(&IDS, "admin", 1)[1].clone();
+    let spec = Spec::new(
+        Algorithm::TokenBucket,
+        LIMIT as u64,
+        Period::Duration(YEAR_MS as u64 * 1_000_000),
+        None,
+    )
+    .unwrap();
+    let check = Check {
+        name: "admin".into(),
+        unique_key: k,
+        limit: LimitRef::Inline(spec),
+        request: Request::hits(1),
+        unbatched: false,
+        on_owner_unreachable: None,
+        mode: None,
+    };
+    let mut admitted = 0;
+    for _ in 0..2 * LIMIT {
+        let verdict = nodes[0]
+            .node
+            .limiter
+            .check_batch_within(vec![Ok(check.clone())], Some(Duration::from_millis(2)))
+            .await
+            .remove(0)
+            .expect("decided");
+        assert!(!verdict.approximate, "{verdict:?}");
+        assert_eq!(&*verdict.owner, "node-1");
+        admitted += i64::from(verdict.status == sluice::limiter::Status::UnderLimit);
+    }
+    assert_eq!(admitted, LIMIT);
+}

@@ -110,6 +110,11 @@ type Reply = oneshot::Sender<Result<pb::ForwardResult, ForwardError>>;
 struct Pending {
     item: pb::ForwardItem,
     reply: Reply,
+    /// When the item's budget runs out: its `budget_ns` is recomputed when
+    /// its batch leaves (time spent queued is not the owner's to spend),
+    /// and an item already out of time is not sent — the edge has fallen
+    /// back, and an owner applying it too would count it twice.
+    deadline: tokio::time::Instant,
 }
 
 /// A peer's client and batcher.
@@ -306,7 +311,13 @@ impl Peers {
             Allow::Yes => {}
         }
         let (reply, answer) = oneshot::channel();
-        peer.queue.try_send(Pending { item, reply }).map_err(|_| {
+        let deadline = tokio::time::Instant::now() + Duration::from_nanos(item.budget_ns);
+        let pending = Pending {
+            item,
+            reply,
+            deadline,
+        };
+        peer.queue.try_send(pending).map_err(|_| {
             self.inner.metrics.forward_error(node_id, "queue_full");
             ForwardError::QueueFull(node_id.to_string())
         })?;
@@ -623,8 +634,32 @@ async fn batch_loop(
         outstanding.fetch_add(1, Ordering::AcqRel);
         let (sender, outstanding, done) = (sender.clone(), outstanding.clone(), done.clone());
         tokio::spawn(async move {
-            let (items, replies): (Vec<_>, Vec<_>) =
-                batch.into_iter().map(|p| (p.item, p.reply)).unzip();
+            let now = tokio::time::Instant::now();
+            let (live, late): (Vec<_>, Vec<_>) = batch
+                .into_iter()
+                .partition(|p| p.item.budget_ns == 0 || p.deadline > now);
+            for p in late {
+                let _ = p.reply.send(Err(ForwardError::Unreachable {
+                    peer: sender.node_id.to_string(),
+                    reason: "its budget ran out while queued".into(),
+                }));
+            }
+            let (items, replies): (Vec<_>, Vec<_>) = live
+                .into_iter()
+                .map(|mut p| {
+                    if p.item.budget_ns != 0 {
+                        p.item.budget_ns =
+                            p.deadline.saturating_duration_since(now).as_nanos() as u64;
+                    }
+                    (p.item, p.reply)
+                })
+                .unzip();
+            if items.is_empty() {
+                drop(permit);
+                outstanding.fetch_sub(1, Ordering::AcqRel);
+                done.notify_one();
+                return;
+            }
             let outcome = sender.send(items, false).await;
             drop(permit);
             outstanding.fetch_sub(1, Ordering::AcqRel);

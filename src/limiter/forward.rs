@@ -143,6 +143,9 @@ impl Limiter {
     /// owner if the view moved it elsewhere again.
     async fn decide_rerouted(&self, r: &Resolved<'_>, deadline: tokio::time::Instant) -> Verdict {
         let t = self.shared.topology.load_full();
+        if t.minority {
+            return self.fallback(r, &t, true);
+        }
         let route = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
             self.route(k, &t, self.may_own())
         });

@@ -204,7 +204,9 @@ impl Limiter {
                 todo.push(i);
             }
         }
-        let earliest = items.iter().map(|i| i.deadline).min().unwrap_or(now);
+        // The earliest deadline of the items still to decide (one already
+        // expired must not take the others' time to pull).
+        let earliest = todo.iter().map(|&i| items[i].deadline).min().unwrap_or(now);
         let settle_by =
             tokio::time::Instant::now() + Duration::from_nanos(earliest.saturating_sub(now));
         for round in 0..ROUNDS {
@@ -216,6 +218,15 @@ impl Limiter {
             }
             let last = round + 1 == ROUNDS;
             let t = self.shared.topology.load_full();
+            if t.minority {
+                // In a minority this node owns nothing for sure: the edge
+                // decides on its lease, as it would for an owner it cannot
+                // reach.
+                for i in todo {
+                    out[i] = Some(Forwarded::Unavailable);
+                }
+                break;
+            }
             let may_own = self.may_own();
             let mut lacking = Vec::new();
             let mut again = Vec::new();
@@ -244,7 +255,7 @@ impl Limiter {
                     .collect();
                 // The whole batch answers at once: the pull may take what
                 // is left of its earliest deadline, less the way back.
-                let deadline = items.iter().map(|i| i.deadline).min().unwrap_or(now);
+                let deadline = earliest;
                 let left = Duration::from_nanos(deadline.saturating_sub(self.now()));
                 let wait = left.saturating_sub((left / 10).max(Duration::from_millis(1)));
                 let taken = self.take_lacking(&keys, &t, wait).await;

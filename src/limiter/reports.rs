@@ -143,7 +143,7 @@ impl Limiter {
             None
         } else {
             Some(
-                self.take_lacking(&lacking, &t, self.shared.settings.budget)
+                self.take_lacking(&lacking, &t, self.shared.settings.budget * 9 / 10)
                     .await,
             )
         };
@@ -169,6 +169,11 @@ impl Limiter {
         t: &Topology,
         took: bool,
     ) -> ReportOutcome {
+        if t.minority {
+            // Not the owner of anything for sure: acknowledging here could
+            // keep the consumption from the key's owner on the other side.
+            return ReportOutcome::Retry;
+        }
         match self.route(k, t, self.may_own()) {
             super::route::Route::Here => {}
             super::route::Route::Lacking if took => {}

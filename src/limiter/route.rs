@@ -28,6 +28,11 @@ pub(super) fn budget_left(deadline: tokio::time::Instant) -> std::time::Duration
     left.saturating_sub((left / 10).max(std::time::Duration::from_millis(1)))
 }
 
+/// The least budget a call gets, whatever its caller's deadline.
+pub(super) const MIN_BUDGET: std::time::Duration = std::time::Duration::from_millis(10);
+/// The most budget a call gets, whatever its caller's deadline.
+pub(super) const MAX_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// When a batch given `budget` must be decided by: the caller's deadline
 /// less a reserve (a tenth, at least a millisecond, at most 20 ms) for
 /// deciding what is still open without the owner and for the answer's way
@@ -70,6 +75,21 @@ impl Limiter {
             Some(_) if t.incoming.complete() || self.shared.store.holds_own(k) => Route::Here,
             Some(_) => Route::Lacking,
         }
+    }
+
+    /// The budget a call gets from its caller's deadline, kept within
+    /// bounds a caller cannot move: at least [`MIN_BUDGET`] (or the
+    /// configured default, if smaller) — a caller's short deadline says
+    /// nothing about the owner, and a lease decided for want of time, with
+    /// no fault anywhere, would let a caller sending tiny deadlines to
+    /// every edge collect each edge's share on top of the limit — and at
+    /// most [`MAX_BUDGET`], so no call holds a permit or a peer batch for
+    /// hours. No deadline: the configured default (`forward_timeout`).
+    pub(super) fn caller_budget(&self, asked: Option<std::time::Duration>) -> std::time::Duration {
+        let default = self.shared.settings.budget;
+        asked
+            .unwrap_or(default)
+            .clamp(MIN_BUDGET.min(default), MAX_BUDGET.max(default))
     }
 
     /// Whether this node may own keys right now.
@@ -115,7 +135,7 @@ impl Limiter {
         items: Vec<Result<Check, ItemError>>,
         budget: Option<std::time::Duration>,
     ) -> Vec<Result<Verdict, ItemError>> {
-        let deadline = answer_by(budget.unwrap_or(self.shared.settings.budget));
+        let deadline = answer_by(self.caller_budget(budget));
         let policies = self.shared.policies.load_full();
         let mut out: Vec<Option<Result<Verdict, ItemError>>> = vec![None; items.len()];
         let mut todo: Vec<(usize, Resolved<'_>)> = Vec::with_capacity(items.len());

@@ -147,7 +147,8 @@ impl Entry {
             *self = Entry {
                 hits: self.hits,
                 refusals: self.refusals,
-                last_seen: self.last_seen,
+                // The reset is news here: remembered from now (RESET_MEMORY).
+                last_seen: self.last_seen.max(now),
                 queued: self.queued,
                 copy: self.copy,
                 ..Entry::from_snapshot(other, now)

@@ -165,3 +165,26 @@ pub async fn check(
 pub fn ports(n: usize) -> Vec<u16> {
     (0..n).map(|_| free_port()).collect()
 }
+
+/// This process's entry for `name`/`key` (admin `InspectKey`, signed with
+/// the cluster secret): its `remaining`, if it holds the key.
+pub async fn inspect_remaining(p: &Proc, name: &str, key: &str) -> Option<i64> {
+    let mut request = tonic::Request::new(pb::InspectKeyRequest {
+        key: Some(pb::KeyRef {
+            name: name.into(),
+            unique_key: key.into(),
+        }),
+    });
+    let token = sluice::cluster::auth::Secret::new(Some(SECRET.as_bytes()))
+        .peer_token("operator")
+        .unwrap();
+    request
+        .metadata_mut()
+        .insert("x-sluice-peer", token.parse().unwrap());
+    let answer = sluice::proto::v1::admin_client::AdminClient::new(channel(p).await)
+        .inspect_key(request)
+        .await
+        .ok()?
+        .into_inner();
+    answer.state.map(|s| s.remaining as i64)
+}
