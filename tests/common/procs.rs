@@ -186,5 +186,5 @@ pub async fn inspect_remaining(p: &Proc, name: &str, key: &str) -> Option<i64> {
         .await
         .ok()?
         .into_inner();
-    answer.state.map(|s| s.remaining as i64)
+    answer.state.map(|s| s.remaining)
 }
