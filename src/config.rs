@@ -15,7 +15,6 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
-use crate::policy::Policies;
 use crate::tls::{ApiTls, PeerTls};
 
 /// Log output format.
@@ -196,7 +195,7 @@ impl Default for ClusterConfig {
             peer_protocol: None,
             peer_addr: None,
             tls: None,
-            token_window: crate::cluster::auth::TOKEN_WINDOW,
+            token_window: TOKEN_WINDOW,
             tiered_allotment_ttl: Duration::from_millis(250),
         }
     }
@@ -298,6 +297,10 @@ impl Default for Limits {
     }
 }
 
+/// How far a peer token's timestamp may be from this node's clock, unless
+/// configured (`cluster.token_window`).
+pub const TOKEN_WINDOW: Duration = Duration::from_secs(10);
+
 /// Where the config comes from, kept so that a reload reads the same layers.
 #[derive(Clone, Debug, Default)]
 pub struct Sources {
@@ -312,8 +315,9 @@ pub struct Sources {
 pub struct ConfigError(pub String);
 
 impl Sources {
-    /// Load and validate every layer.
-    pub fn load(&self) -> Result<(Config, Policies), ConfigError> {
+    /// Load and validate every layer. (The policies built from it come
+    /// from `policy::load`: the config knows nothing of them.)
+    pub fn load(&self) -> Result<Config, ConfigError> {
         let mut fig = Figment::from(Serialized::defaults(Config::default()));
         if let Some(path) = &self.file {
             if !path.exists() {
@@ -329,20 +333,18 @@ impl Sources {
             .merge(Serialized::defaults(&self.flags));
         let config: Config = fig.extract().map_err(|e| ConfigError(describe(e)))?;
         config.validate()?;
-        let policies = Policies::from_config(&config)?;
-        Ok((config, policies))
+        Ok(config)
     }
 
     /// Load a config given as TOML text over the defaults (no environment,
     /// no flags): what a config file alone means.
-    pub fn from_toml_str(text: &str) -> Result<(Config, Policies), ConfigError> {
+    pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
         let config: Config = Figment::from(Serialized::defaults(Config::default()))
             .merge(Toml::string(text))
             .extract()
             .map_err(|e| ConfigError(describe(e)))?;
         config.validate()?;
-        let policies = Policies::from_config(&config)?;
-        Ok((config, policies))
+        Ok(config)
     }
 
     pub fn file(&self) -> Option<&Path> {
@@ -457,7 +459,7 @@ impl Config {
                 .load()
                 .map_err(|e| ConfigError(e.to_string()))?;
         }
-        crate::service::headers::Families::parse(&self.header_families)
+        sluice_api::headers::Families::parse(&self.header_families)
             .map_err(|e| ConfigError(format!("header_families: {e}")))?;
         if let Some(path) = &self.envoy.rules_path
             && !path.exists()
@@ -509,10 +511,10 @@ mod tests {
 
     #[test]
     fn defaults_run_a_single_node() {
-        let (c, p) = Sources::default().load().unwrap();
+        let c = Sources::default().load().unwrap();
         assert_eq!(c.grpc_addr.port(), 8081);
         assert_eq!(c.limits.max_batch, 1_000);
-        assert!(p.is_empty());
+        assert!(c.policies.is_empty());
     }
 
     #[test]
@@ -527,7 +529,7 @@ mod tests {
             "grpc_addr".to_string(),
             toml::Value::String("127.0.0.1:9001".into()),
         );
-        let (c, p) = Sources {
+        let c = Sources {
             file: Some(file),
             flags,
         }
@@ -535,7 +537,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.grpc_addr.port(), 9001);
         assert_eq!(c.limits.max_keys, 5);
-        assert_eq!(p.get("api").unwrap().spec.limit(), 10);
+        assert_eq!(c.policies["api"].limit, 10);
     }
 
     #[test]
@@ -545,19 +547,6 @@ mod tests {
             ("[limits]\nmax_keys = \"many\"\n", "max_keys"),
             ("[limits]\nmax_batch = 0\n", "limits.max_batch"),
             ("unknown_thing = 1\n", "unknown_thing"),
-            ("[policies.p]\nlimit = 1\n", "policies.p.duration"),
-            (
-                "[policies.p]\nlimit = 1\nduration = \"soon\"\n",
-                "policies.p.duration",
-            ),
-            (
-                "[policies.p]\nlimit = 1\nduration = \"1s\"\nalgorithm = \"magic\"\n",
-                "policies.p.algorithm",
-            ),
-            (
-                "[policies.p]\nlimit = 20000\nduration = \"1s\"\nalgorithm = \"sliding_window_log\"\n",
-                "policies.p.limit",
-            ),
         ];
         for (body, key) in cases {
             let file = write(&dir, body);

@@ -8,7 +8,7 @@ use prost::Message;
 use crate::algorithm::{
     Algorithm, Bounds, CalendarUnit, Decision, Nanos, Period, Request, Spec, State,
 };
-use crate::config::{Limits, Sources};
+use crate::config::Limits;
 use crate::policy::rules::Rules;
 use crate::proto::v1 as pb;
 
@@ -38,7 +38,7 @@ pub fn config_text(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    if let Err(e) = Sources::from_toml_str(text) {
+    if let Err(e) = crate::policy::from_toml_str(text) {
         assert!(!e.0.is_empty(), "an error says what is wrong");
     }
 }

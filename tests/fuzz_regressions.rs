@@ -58,7 +58,7 @@ fn seeds_reach_the_code_under_test() {
     let decoded = sluice::proto::v1::CheckRequest::decode(&check[..]).unwrap();
     assert_eq!(decoded.requests.len(), 3);
     let config = String::from_utf8(inputs("seeds", "config_text")[0].1.clone()).unwrap();
-    let (c, policies) = sluice::config::Sources::from_toml_str(&config).unwrap();
+    let (c, policies) = sluice::policy::from_toml_str(&config).unwrap();
     assert_eq!(c.limits.max_batch, 10);
     assert!(policies.get("month").is_some());
     let rules = String::from_utf8(inputs("seeds", "rules_text")[0].1.clone()).unwrap();

@@ -30,7 +30,7 @@ async fn config_reload_applies_good_edits_and_refuses_broken_ones() {
         file: Some(file.clone()),
         ..Default::default()
     };
-    let (cfg, policies) = sources.load().unwrap();
+    let (cfg, policies) = sluice::policy::load(&sources).unwrap();
     let n = start_with(cfg, policies, Some(sources)).await;
     let peek = || {
         let mut r = policy("reload", "fresh", "api");

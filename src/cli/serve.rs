@@ -79,7 +79,7 @@ fn init_logging(format: LogFormat) {
 
 pub async fn run(args: ServeArgs) -> CliResult {
     let sources = args.sources();
-    let (config, policies) = sources.load()?;
+    let (config, policies) = crate::policy::load(&sources)?;
     init_logging(config.log_format);
     let node = Node::start(
         config,

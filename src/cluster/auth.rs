@@ -34,7 +34,7 @@ pub const MAC_LEN: usize = 32;
 const MAX_DATAGRAM: usize = 65_507;
 /// How far a peer token's timestamp may be from this node's clock, unless
 /// configured (`cluster.token_window`).
-pub const TOKEN_WINDOW: Duration = Duration::from_secs(10);
+pub use crate::config::TOKEN_WINDOW;
 /// Distinct token senders remembered for replay checks (nodes, and operator
 /// CLI runs).
 const MAX_SENDERS: usize = 10_000;

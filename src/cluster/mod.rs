@@ -8,4 +8,3 @@ pub mod membership;
 pub mod peers;
 pub mod replay;
 pub mod ring;
-pub mod wire;

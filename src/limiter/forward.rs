@@ -41,7 +41,7 @@ impl Limiter {
         let mut item = pb::ForwardItem {
             name: r.check.name.clone(),
             unique_key: r.check.unique_key.clone(),
-            limit: Some(cluster::wire::limit_to_wire(&r.spec)),
+            limit: Some(cluster::peers::codec::limit_to_wire(&r.spec)),
             hits: r.check.request.hits,
             drain_over_limit: r.check.request.drain_over_limit,
             nodelay: r.check.request.nodelay,
@@ -75,7 +75,7 @@ impl Limiter {
             };
             match result.map(|res| res.result) {
                 Ok(Some(pb::forward_result::Result::Decision(d))) => {
-                    match cluster::wire::decision_from_wire(&d) {
+                    match cluster::peers::codec::decision_from_wire(&d) {
                         Ok(decision) => {
                             let now = self.now();
                             key::with_encoded(&r.check.name, &r.check.unique_key, |k| {

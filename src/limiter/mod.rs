@@ -39,6 +39,10 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+/// What the limiter's admin API returns, and the key encoding peers name
+/// keys by: the store's types, as the limiter hands them to services.
+pub use crate::store::key::encode as encode_key;
+pub use crate::store::{TopBy, View};
 pub use tiered::Ask;
 pub use types::{
     Absorb, Check, Forwarded, ItemError, LimitRef, Mode, Path, Reason, ReportOutcome, Status,

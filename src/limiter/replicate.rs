@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::Limiter;
-use crate::cluster::wire;
+use crate::cluster::peers::codec as wire;
 use crate::proto::peer as pb;
 use crate::store::{Holding, Snapshot};
 

@@ -86,7 +86,7 @@ impl Limiter {
                 Some(pb::ReportItem {
                     name: name.to_string(),
                     unique_key: unique_key.to_string(),
-                    limit: Some(cluster::wire::limit_to_wire(&rep.spec)),
+                    limit: Some(cluster::peers::codec::limit_to_wire(&rep.spec)),
                     seq: rep.seq,
                     hits: rep.hits,
                     at_ns: rep.at,

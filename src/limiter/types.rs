@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use crate::algorithm::{Decision, Request, Spec};
+pub use crate::policy::Mode;
 use crate::policy::OnOwnerUnreachable;
 
 /// Which limit a check is against.
@@ -27,31 +28,6 @@ pub struct Check {
     pub on_owner_unreachable: Option<OnOwnerUnreachable>,
     /// Overrides the policy's mode.
     pub mode: Option<Mode>,
-}
-
-/// How a clustered node decides a key.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Mode {
-    /// Every decision by the key's owner.
-    #[default]
-    Exact,
-    /// Hot keys: spend an allotment from the owner locally (`crate::tiered`).
-    Tiered,
-}
-
-impl Mode {
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Exact => "exact",
-            Mode::Tiered => "tiered",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<Mode> {
-        [Mode::Exact, Mode::Tiered]
-            .into_iter()
-            .find(|m| m.name() == name)
-    }
 }
 
 /// Which path decided.

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::algorithm::{Algorithm, Bounds, CalendarUnit, Period, Spec};
-use crate::config::{Config, ConfigError, PolicyConfig};
+use crate::config::{Config, ConfigError, PolicyConfig, Sources};
 
 /// One named limit.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,7 +22,47 @@ pub struct Policy {
     pub shadow: bool,
     pub on_owner_unreachable: OnOwnerUnreachable,
     /// exact (default) or tiered (hot keys: local allotments).
-    pub mode: crate::limiter::Mode,
+    pub mode: Mode,
+}
+
+/// Load every layer of the config and build its policies: what a node
+/// starts with and what a reload applies.
+pub fn load(sources: &Sources) -> Result<(Config, Policies), ConfigError> {
+    let config = sources.load()?;
+    let policies = Policies::from_config(&config)?;
+    Ok((config, policies))
+}
+
+/// A config given as TOML text over the defaults, and its policies.
+pub fn from_toml_str(text: &str) -> Result<(Config, Policies), ConfigError> {
+    let config = Sources::from_toml_str(text)?;
+    let policies = Policies::from_config(&config)?;
+    Ok((config, policies))
+}
+
+/// How a clustered node decides a key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// Every decision by the key's owner.
+    #[default]
+    Exact,
+    /// Hot keys: spend an allotment from the owner locally (`crate::tiered`).
+    Tiered,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Exact => "exact",
+            Mode::Tiered => "tiered",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Mode> {
+        [Mode::Exact, Mode::Tiered]
+            .into_iter()
+            .find(|m| m.name() == name)
+    }
 }
 
 /// What an edge answers when a key's owner cannot be reached.
@@ -147,8 +187,8 @@ fn parse(name: &str, p: &PolicyConfig, bounds: &Bounds) -> Result<Policy, (&'sta
         })?,
     };
     let mode = match &p.mode {
-        None => crate::limiter::Mode::default(),
-        Some(m) => crate::limiter::Mode::from_name(m)
+        None => Mode::default(),
+        Some(m) => Mode::from_name(m)
             .ok_or_else(|| ("mode", format!("unknown mode {m:?}; one of exact, tiered")))?,
     };
     Ok(Policy {
@@ -158,4 +198,30 @@ fn parse(name: &str, p: &PolicyConfig, bounds: &Bounds) -> Result<Policy, (&'sta
         on_owner_unreachable,
         mode,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn policy_errors_name_the_key() {
+        let cases = [
+            ("[policies.p]\nlimit = 1\n", "policies.p.duration"),
+            (
+                "[policies.p]\nlimit = 1\nduration = \"soon\"\n",
+                "policies.p.duration",
+            ),
+            (
+                "[policies.p]\nlimit = 1\nduration = \"1s\"\nalgorithm = \"magic\"\n",
+                "policies.p.algorithm",
+            ),
+            (
+                "[policies.p]\nlimit = 20000\nduration = \"1s\"\nalgorithm = \"sliding_window_log\"\n",
+                "policies.p.limit",
+            ),
+        ];
+        for (body, key) in cases {
+            let err = super::from_toml_str(body).unwrap_err();
+            assert!(err.0.contains(key), "{body:?}: {err}");
+        }
+    }
 }

@@ -20,7 +20,6 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::algorithm::Bounds;
-pub(crate) mod conn;
 mod watch;
 
 use crate::clock::SharedClock;
@@ -52,8 +51,8 @@ pub enum StartError {
     Config(#[from] ConfigError),
     #[error("cluster.advertise_host {host:?}: {reason}")]
     Advertise { host: String, reason: String },
-    #[error("gRPC reflection: {0}")]
-    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("{0}")]
+    Grpc(#[from] crate::service::grpc::GrpcError),
     #[error("config watcher: {0}")]
     Watch(#[from] notify::Error),
     #[error("{0}")]
@@ -272,7 +271,7 @@ impl Node {
             );
         }
         let services = Services::new(&config, limiter.clone(), admin, peer, secret)?;
-        let grpc = conn::Listener {
+        let grpc = crate::service::listener::Listener {
             name: "grpc",
             listener: grpc,
             max_connections: config.limits.max_connections,
@@ -284,7 +283,7 @@ impl Node {
             }
             Some(listener) => {
                 tasks.spawn(services.serve(Api::Public, grpc, api_tls, shutdown.clone())?);
-                let peer = conn::Listener {
+                let peer = crate::service::listener::Listener {
                     name: "peer",
                     listener,
                     max_connections: config.limits.max_connections,

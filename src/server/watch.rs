@@ -102,7 +102,7 @@ pub fn config(
 
 /// Reload; the new policy hash on success.
 fn reload_config(sources: &Sources, running: &Config, limiter: &Limiter) -> Option<String> {
-    match sources.load() {
+    match crate::policy::load(sources) {
         Ok((config, policies)) => {
             let count = policies.len();
             let hash = policies.hash();

@@ -5,9 +5,9 @@ use tonic::{Request, Response, Status};
 use super::wire;
 use crate::cluster::membership::Membership;
 use crate::limiter::Limiter;
+use crate::limiter::{TopBy, View};
 use crate::proto::v1 as pb;
 use crate::proto::v1::admin_server::Admin;
-use crate::store::{TopBy, View};
 
 pub struct AdminService {
     limiter: Limiter,

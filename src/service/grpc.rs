@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Status};
 
+use super::listener::Listener;
 use crate::cluster::auth::{Secret, TOKEN_HEADER};
 use crate::config::{Config, ConfigError};
 use crate::limiter::Limiter;
@@ -23,13 +24,20 @@ use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::Rate
 use crate::proto::peer::peer_server::PeerServer;
 use crate::proto::v1::admin_server::AdminServer;
 use crate::proto::v1::rate_limiter_server::RateLimiterServer;
-use crate::server::StartError;
-use crate::server::conn::Listener;
 use crate::service::headers::Families;
 use crate::service::{
     admin::AdminService, envoy::RlsService, peer::PeerService, v1::RateLimiterService,
 };
 use crate::tls::Reloading;
+
+/// Why the gRPC services could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum GrpcError {
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    #[error("gRPC reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+}
 
 /// Which services a listener serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,7 +95,7 @@ impl Services {
         admin: AdminService,
         peer: PeerService,
         secret: Secret,
-    ) -> Result<Services, StartError> {
+    ) -> Result<Services, GrpcError> {
         let max = config.limits.max_message_bytes;
         let reporter = tonic_health::server::HealthReporter::new();
         let health = Health::new(tonic_health::server::HealthService::from_health_reporter(
@@ -124,7 +132,7 @@ impl Services {
         listener: Listener,
         tls: Option<Arc<Reloading>>,
         token: CancellationToken,
-    ) -> Result<impl std::future::Future<Output = ()> + use<>, StartError> {
+    ) -> Result<impl std::future::Future<Output = ()> + use<>, GrpcError> {
         let reflection = || {
             tonic_reflection::server::Builder::configure()
                 .register_encoded_file_descriptor_set(sluice_api::FILE_DESCRIPTOR_SET)

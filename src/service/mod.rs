@@ -13,6 +13,7 @@ pub mod grpc;
 /// Refusal and quota headers: the `sluice-api` crate's, shared with the client.
 pub use sluice_api::headers;
 pub mod http;
+pub mod listener;
 pub mod peer;
 pub mod v1;
 pub mod wire;

@@ -7,14 +7,13 @@ use tonic::{Request, Response, Status};
 
 use crate::algorithm::{Bounds, Request as Cost};
 use crate::cluster::auth::{Secret, TOKEN_HEADER};
-use crate::cluster::wire;
+use crate::cluster::peers::codec as wire;
 use crate::limiter::{
     Absorb, Ask, Check, Forwarded, ForwardedItem, LimitRef, Limiter, Mode, ReportOutcome,
 };
 use crate::proto::PEER_PROTOCOL_VERSION;
 use crate::proto::peer as pb;
 use crate::proto::peer::peer_server::Peer;
-use crate::store::key;
 
 pub struct PeerService {
     limiter: Limiter,
@@ -291,7 +290,7 @@ impl Peer for PeerService {
         let keys: Vec<Vec<u8>> = r
             .keys
             .iter()
-            .map(|k| key::encode(&k.name, &k.unique_key))
+            .map(|k| crate::limiter::encode_key(&k.name, &k.unique_key))
             .collect();
         // Protocol 3 names the puller's ring; protocol 2 does not.
         let epoch = (r.protocol_version >= 3).then_some(r.ring_epoch);

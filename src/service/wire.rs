@@ -6,6 +6,7 @@ use crate::algorithm::{Algorithm, Bounds, CalendarUnit, Nanos, Period, Request, 
 use crate::config::Limits;
 use crate::limiter::{Check, ItemError, LimitRef, Mode, Path, Reason, Status, Verdict};
 use crate::policy::OnOwnerUnreachable;
+use crate::proto::convert;
 use crate::proto::v1 as pb;
 
 const NANOS_PER_MS: u64 = 1_000_000;
@@ -131,61 +132,17 @@ fn non_negative(field: &'static str, v: i64) -> Result<u64, ItemError> {
     u64::try_from(v).map_err(|_| ItemError::new(field, format!("must not be negative, got {v}")))
 }
 
+/// The algorithm a wire value names (unspecified: the token bucket).
 pub fn algorithm_from_wire(v: i32) -> Result<Algorithm, ItemError> {
-    Ok(match pb::Algorithm::try_from(v) {
-        Ok(pb::Algorithm::Unspecified) | Ok(pb::Algorithm::TokenBucket) => Algorithm::TokenBucket,
-        Ok(pb::Algorithm::Gcra) => Algorithm::Gcra,
-        Ok(pb::Algorithm::LeakyBucket) => Algorithm::LeakyBucket,
-        Ok(pb::Algorithm::FixedWindow) => Algorithm::FixedWindow,
-        Ok(pb::Algorithm::SlidingWindowCounter) => Algorithm::SlidingWindowCounter,
-        Ok(pb::Algorithm::SlidingWindowLog) => Algorithm::SlidingWindowLog,
-        Err(_) => {
-            return Err(ItemError::new(
-                "algorithm",
-                format!("unknown algorithm {v}"),
-            ));
-        }
-    })
+    convert::algorithm_from_wire(v)
+        .ok_or_else(|| ItemError::new("algorithm", format!("unknown algorithm {v}")))
 }
 
-pub fn algorithm_to_wire(a: Algorithm) -> pb::Algorithm {
-    match a {
-        Algorithm::TokenBucket => pb::Algorithm::TokenBucket,
-        Algorithm::Gcra => pb::Algorithm::Gcra,
-        Algorithm::LeakyBucket => pb::Algorithm::LeakyBucket,
-        Algorithm::FixedWindow => pb::Algorithm::FixedWindow,
-        Algorithm::SlidingWindowCounter => pb::Algorithm::SlidingWindowCounter,
-        Algorithm::SlidingWindowLog => pb::Algorithm::SlidingWindowLog,
-    }
-}
+pub use convert::{algorithm_to_wire, window_to_wire};
 
 fn window_from_wire(v: i32) -> Result<Option<CalendarUnit>, ItemError> {
-    Ok(match pb::CalendarWindow::try_from(v) {
-        Ok(pb::CalendarWindow::Unspecified) => None,
-        Ok(pb::CalendarWindow::Minute) => Some(CalendarUnit::Minute),
-        Ok(pb::CalendarWindow::Hour) => Some(CalendarUnit::Hour),
-        Ok(pb::CalendarWindow::Day) => Some(CalendarUnit::Day),
-        Ok(pb::CalendarWindow::Week) => Some(CalendarUnit::Week),
-        Ok(pb::CalendarWindow::Month) => Some(CalendarUnit::Month),
-        Ok(pb::CalendarWindow::Year) => Some(CalendarUnit::Year),
-        Err(_) => {
-            return Err(ItemError::new(
-                "window",
-                format!("unknown calendar window {v}"),
-            ));
-        }
-    })
-}
-
-pub fn window_to_wire(u: CalendarUnit) -> pb::CalendarWindow {
-    match u {
-        CalendarUnit::Minute => pb::CalendarWindow::Minute,
-        CalendarUnit::Hour => pb::CalendarWindow::Hour,
-        CalendarUnit::Day => pb::CalendarWindow::Day,
-        CalendarUnit::Week => pb::CalendarWindow::Week,
-        CalendarUnit::Month => pb::CalendarWindow::Month,
-        CalendarUnit::Year => pb::CalendarWindow::Year,
-    }
+    convert::window_from_wire(v)
+        .ok_or_else(|| ItemError::new("window", format!("unknown calendar window {v}")))
 }
 
 /// Nanoseconds to whole milliseconds, rounded up (times never arrive early).

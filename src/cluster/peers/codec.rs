@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use crate::algorithm::{self, Bounds, Decision, Period, Spec, State, StateParts};
+use crate::proto::convert::{algorithm_from_wire, algorithm_to_wire, window_to_wire};
 use crate::proto::peer as pb;
 use crate::proto::v1 as v1pb;
-use crate::service::wire::{algorithm_from_wire, algorithm_to_wire, window_to_wire};
 use crate::store::{Snapshot, key};
 
 pub fn limit_to_wire(spec: &Spec) -> pb::Limit {
@@ -27,7 +27,8 @@ pub fn limit_to_wire(spec: &Spec) -> pb::Limit {
 /// Validate a forwarded limit as strictly as a client's (a peer is not trusted
 /// to send only good input either).
 pub fn limit_from_wire(l: &pb::Limit, bounds: &Bounds) -> Result<Spec, String> {
-    let algorithm = algorithm_from_wire(l.algorithm).map_err(|e| e.to_string())?;
+    let algorithm = algorithm_from_wire(l.algorithm)
+        .ok_or_else(|| format!("algorithm: unknown algorithm {}", l.algorithm))?;
     let period = match (l.duration_ns, l.window) {
         (d, 0) if d > 0 => Period::Duration(d),
         (0, w) if w != 0 => {

@@ -1,7 +1,11 @@
-//! Generated wire types. Services convert these to domain types at the edge;
-//! nothing else in the crate uses them.
+//! Generated wire types, and the enum mappers every edge shares
+//! ([`convert`]). Services and the peer codec convert these to domain types
+//! at the edge; nothing else in the crate uses them (`tests/architecture.rs`
+//! holds this).
 
 #![allow(clippy::all, missing_docs)]
+
+pub mod convert;
 
 /// The public API (`sluice.v1`), from the `sluice-api` crate.
 pub use sluice_api::v1;

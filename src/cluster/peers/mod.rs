@@ -19,7 +19,7 @@ use super::auth::{Secret, TOKEN_HEADER};
 use super::breaker::{Allow, Breaker, State as BreakerState};
 use super::faults::Faults;
 use super::ring::{Member, Ring};
-use super::wire;
+pub mod codec;
 use crate::algorithm::Bounds;
 use crate::metrics::ClusterMetrics;
 use crate::proto::PEER_PROTOCOL_VERSION;
@@ -455,7 +455,7 @@ impl Peers {
             .into_iter()
             .map(|r| {
                 let state = r.state?;
-                match wire::snapshot_from_wire(&state, bounds) {
+                match codec::snapshot_from_wire(&state, bounds) {
                     Ok((key, snapshot)) => Some(Received {
                         key,
                         snapshot,
@@ -507,11 +507,12 @@ impl Peers {
         for (i, state) in page.states.iter().enumerate() {
             // All or nothing: a page with a bad state is not taken (the
             // holder's keys stay copies there; asked again, it resends).
-            let (key, snapshot) =
-                wire::snapshot_from_wire(state, bounds).map_err(|e| ForwardError::Unreachable {
+            let (key, snapshot) = codec::snapshot_from_wire(state, bounds).map_err(|e| {
+                ForwardError::Unreachable {
                     peer: node_id.to_string(),
                     reason: format!("states[{i}]: {e}"),
-                })?;
+                }
+            })?;
             states.push(Received {
                 key,
                 snapshot,
