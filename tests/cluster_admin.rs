@@ -193,3 +193,31 @@ async fn a_tiny_caller_deadline_is_no_reason_to_decide_on_a_lease() {
     }
     assert_eq!(admitted, LIMIT);
 }
+
+/// Item 8 of issue 17: an exact decision honours what the owner has
+/// promised to tiered allotments. One key, limit 30 a year on frozen
+/// clocks: node-0 spends it in tiered mode (allotments granted by the
+/// owner, node-1), node-1 is asked for it exactly, in turns. Per key, the
+/// total admitted is the limit — never the limit plus what was promised.
+#[tokio::test(flavor = "multi_thread")]
+async fn exact_decisions_honour_tiered_promises() {
+    let nodes = cluster(3, fast).await;
+    let k = keys_owned_by(&IDS, "admin", 1)[1].clone();
+    let tiered = || {
+        let mut r = request(&k);
+        r.mode = pb::Mode::Tiered as i32;
+        r
+    };
+    let (mut admitted, mut local) = (0, 0);
+    for _ in 0..3 * LIMIT {
+        let a = nodes[0].check_within(tiered(), DEADLINE).await;
+        assert!(a.error.is_none(), "{a:?}");
+        admitted += i64::from(under(&a));
+        local += usize::from(a.path == pb::Path::LocalAllotment as i32);
+        let b = nodes[1].check_within(request(&k), DEADLINE).await;
+        assert!(b.error.is_none() && !b.approximate, "{b:?}");
+        admitted += i64::from(under(&b));
+    }
+    assert!(local > 0, "node-0 decided from an allotment");
+    assert_eq!(admitted, LIMIT, "one limit, promises included");
+}
