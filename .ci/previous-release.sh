@@ -6,6 +6,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 commit=$(cat .ci/PREVIOUS_RELEASE)
+# A shallow clone lacks the old commit: deepen it first.
+if ! git cat-file -e "${commit}^{commit}" 2>/dev/null; then
+    git fetch --quiet --unshallow 2>/dev/null || git fetch --quiet origin "$commit" || true
+fi
+git cat-file -e "${commit}^{commit}" || {
+    echo "previous release $commit is not in this clone's history (and could not be fetched)" >&2
+    exit 1
+}
 tree=target/previous-src
 rm -rf "$tree"
 git worktree prune
