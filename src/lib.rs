@@ -20,3 +20,4 @@ pub mod service;
 pub mod store;
 pub mod tiered;
 pub mod tls;
+pub mod verdict;

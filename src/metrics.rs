@@ -19,8 +19,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio::sync::Semaphore;
 
-use crate::limiter::Reason;
-use crate::store::Store;
+use crate::verdict::Reason;
 
 /// The label value for names beyond the cap.
 pub const OTHER: &str = "_other";
@@ -96,38 +95,6 @@ impl Collector for DecisionCounters {
             emit(item.key(), item.value())?;
         }
         emit(OTHER, &self.other)
-    }
-}
-
-/// The store's size and churn, read at scrape time.
-#[derive(Debug)]
-struct StoreCollector(Arc<Store>);
-
-impl Collector for StoreCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let stats = self.0.stats();
-        let keys = ConstGauge::new(self.0.len() as i64);
-        keys.encode(encoder.encode_descriptor(
-            "sluice_keys",
-            "Keys in memory",
-            None,
-            keys.metric_type(),
-        )?)?;
-        let evictions = ConstCounter::new(stats.evictions.load(Ordering::Relaxed));
-        evictions.encode(encoder.encode_descriptor(
-            "sluice_evictions",
-            "Keys evicted because the table was full",
-            None,
-            evictions.metric_type(),
-        )?)?;
-        let expired = ConstCounter::new(stats.expired.load(Ordering::Relaxed));
-        expired.encode(encoder.encode_descriptor(
-            "sluice_expired",
-            "Idle keys forgotten by the sweep (their state was back to fresh)",
-            None,
-            expired.metric_type(),
-        )?)?;
-        Ok(())
     }
 }
 
@@ -425,13 +392,9 @@ impl ClusterMetrics {
         self.forward_latency.observe(took.as_secs_f64());
     }
 
-    pub fn breaker_state(&self, peer: &str, state: crate::cluster::breaker::State) {
-        use crate::cluster::breaker::State;
-        let v = match state {
-            State::Closed => 0,
-            State::HalfOpen => 1,
-            State::Open => 2,
-        };
+    /// A peer's breaker: 0 closed, 1 half-open, 2 open (the breaker says
+    /// which; see `cluster::breaker::State::gauge`).
+    pub fn breaker_state(&self, peer: &str, v: i64) {
         self.breakers
             .get_or_create(&vec![("peer", peer.to_string())])
             .set(v);
@@ -560,11 +523,13 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn new(store: Arc<Store>, max_names: usize) -> Metrics {
+    /// `store`: the store's own series, read at scrape time (the store
+    /// registers what it counts; metrics knows no store).
+    pub fn new(store: Box<dyn Collector>, max_names: usize) -> Metrics {
         let mut registry = Registry::default();
         let decisions = Arc::new(DecisionCounters::new(max_names));
         registry.register_collector(Box::new(decisions.clone()));
-        registry.register_collector(Box::new(StoreCollector(store)));
+        registry.register_collector(store);
         let check_latency = Histogram::new([
             10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3,
             100e-3,
@@ -639,7 +604,15 @@ mod tests {
 
     #[test]
     fn names_beyond_the_cap_go_to_other() {
-        let m = Metrics::new(Arc::new(Store::new(10)), 2);
+        /// No store in this test: the store's series are its own test's.
+        #[derive(Debug)]
+        struct NoStore;
+        impl Collector for NoStore {
+            fn encode(&self, _: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+                Ok(())
+            }
+        }
+        let m = Metrics::new(Box::new(NoStore), 2);
         for name in ["a", "b", "c", "d", "a"] {
             m.decisions.count(name, Reason::WithinLimit);
         }
@@ -652,6 +625,5 @@ mod tests {
         ), "{text}");
         assert!(text.contains("limit=\"_other\""), "{text}");
         assert!(!text.contains("limit=\"c\""), "{text}");
-        assert!(text.contains("sluice_keys 0"), "{text}");
     }
 }

@@ -34,6 +34,17 @@ pub enum State {
     HalfOpen,
 }
 
+impl State {
+    /// Its value in `sluice_breaker_state`: 0 closed, 1 half-open, 2 open.
+    pub fn gauge(self) -> i64 {
+        match self {
+            State::Closed => 0,
+            State::HalfOpen => 1,
+            State::Open => 2,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct Breaker {
     /// A std Mutex: a few comparisons per call, never held across an await.

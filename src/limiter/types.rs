@@ -5,6 +5,7 @@ use std::sync::Arc;
 use crate::algorithm::{Decision, Request, Spec};
 pub use crate::policy::Mode;
 use crate::policy::OnOwnerUnreachable;
+pub use crate::verdict::{Reason, Status};
 
 /// Which limit a check is against.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,66 +75,6 @@ pub enum Forwarded {
     /// cannot reach could hold the count): nothing consumed; the edge
     /// decides without the owner.
     Unavailable,
-}
-
-/// The answer's status (DESIGN §5).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Status {
-    UnderLimit,
-    OverLimit,
-    Unavailable,
-}
-
-/// Why — a superset of the algorithm's reasons.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Reason {
-    WithinLimit,
-    LimitExceeded,
-    CostExceedsCapacity,
-    OwnerUnreachable,
-    Overloaded,
-    /// Shadow mode: would have been refused, allowed anyway.
-    Shadow,
-}
-
-impl Reason {
-    pub const ALL: [Reason; 6] = [
-        Reason::WithinLimit,
-        Reason::LimitExceeded,
-        Reason::CostExceedsCapacity,
-        Reason::OwnerUnreachable,
-        Reason::Overloaded,
-        Reason::Shadow,
-    ];
-
-    pub fn status(self) -> Status {
-        match self {
-            Reason::WithinLimit | Reason::Shadow => Status::UnderLimit,
-            Reason::LimitExceeded | Reason::CostExceedsCapacity => Status::OverLimit,
-            Reason::OwnerUnreachable | Reason::Overloaded => Status::Unavailable,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Reason::WithinLimit => "within_limit",
-            Reason::LimitExceeded => "limit_exceeded",
-            Reason::CostExceedsCapacity => "cost_exceeds_capacity",
-            Reason::OwnerUnreachable => "owner_unreachable",
-            Reason::Overloaded => "overloaded",
-            Reason::Shadow => "shadow",
-        }
-    }
-}
-
-impl Status {
-    pub fn name(self) -> &'static str {
-        match self {
-            Status::UnderLimit => "under_limit",
-            Status::OverLimit => "over_limit",
-            Status::Unavailable => "unavailable",
-        }
-    }
 }
 
 /// The answer to one check.

@@ -98,7 +98,10 @@ impl Node {
             );
         }
         let store = Arc::new(Store::new(config.limits.max_keys));
-        let metrics = Arc::new(Metrics::new(store.clone(), config.limits.max_metric_names));
+        let metrics = Arc::new(Metrics::new(
+            Box::new(crate::store::StoreCollector(store.clone())),
+            config.limits.max_metric_names,
+        ));
         let faults = Arc::new(Faults::default());
         let peers = Peers::new(
             &config.node_id,

@@ -13,6 +13,7 @@
 //! second chance, and among a sample of the others evicts the one closest to
 //! a fresh state — a key at 99% of a monthly quota is the last to go.
 
+mod collector;
 mod entry;
 pub mod key;
 
@@ -25,6 +26,7 @@ use std::time::Instant;
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry as MapEntry;
 
+pub use collector::StoreCollector;
 pub use entry::{Entry, Snapshot, View};
 
 use crate::algorithm::{Decision, Nanos, Request, Spec};

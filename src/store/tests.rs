@@ -316,3 +316,16 @@ fn an_observed_answer_never_forgets_unreported_spending() {
         "an older generation is ignored"
     );
 }
+
+#[test]
+fn the_store_reports_its_own_series() {
+    use prometheus_client::registry::Registry;
+    let store = std::sync::Arc::new(Store::new(10));
+    store.decide(&key::encode("n", "a"), &spec(10), Request::hits(1), 0);
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(crate::store::StoreCollector(store)));
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(text.contains("sluice_keys 1"), "{text}");
+    assert!(text.contains("sluice_evictions_total 0"), "{text}");
+}

@@ -890,7 +890,7 @@ impl<'a> Attempt<'a> {
         self.sender.breaker.record(reached);
         self.sender
             .metrics
-            .breaker_state(&self.sender.node_id, self.sender.breaker.state());
+            .breaker_state(&self.sender.node_id, self.sender.breaker.state().gauge());
     }
 }
 
