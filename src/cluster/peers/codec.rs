@@ -5,9 +5,10 @@
 use std::sync::Arc;
 
 use crate::algorithm::{self, Bounds, Decision, Period, Spec, State, StateParts};
-use crate::proto::convert::{algorithm_from_wire, algorithm_to_wire, window_to_wire};
+use crate::proto::convert::{
+    algorithm_from_wire, algorithm_to_wire, window_from_wire, window_to_wire,
+};
 use crate::proto::peer as pb;
-use crate::proto::v1 as v1pb;
 use crate::store::{Snapshot, key};
 
 pub fn limit_to_wire(spec: &Spec) -> pb::Limit {
@@ -32,14 +33,8 @@ pub fn limit_from_wire(l: &pb::Limit, bounds: &Bounds) -> Result<Spec, String> {
     let period = match (l.duration_ns, l.window) {
         (d, 0) if d > 0 => Period::Duration(d),
         (0, w) if w != 0 => {
-            let unit = match v1pb::CalendarWindow::try_from(w) {
-                Ok(v1pb::CalendarWindow::Minute) => algorithm::CalendarUnit::Minute,
-                Ok(v1pb::CalendarWindow::Hour) => algorithm::CalendarUnit::Hour,
-                Ok(v1pb::CalendarWindow::Day) => algorithm::CalendarUnit::Day,
-                Ok(v1pb::CalendarWindow::Week) => algorithm::CalendarUnit::Week,
-                Ok(v1pb::CalendarWindow::Month) => algorithm::CalendarUnit::Month,
-                Ok(v1pb::CalendarWindow::Year) => algorithm::CalendarUnit::Year,
-                _ => return Err(format!("window: unknown calendar window {w}")),
+            let Some(Some(unit)) = window_from_wire(w) else {
+                return Err(format!("window: unknown calendar window {w}"));
             };
             Period::Calendar(unit)
         }

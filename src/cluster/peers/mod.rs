@@ -1,7 +1,7 @@
 //! One gRPC client per peer, each with a micro-batcher.
 //!
 //! Items for a peer queue up (bounded) and leave in batches, one RPC each
-//! (see [`batch_loop`] for when a batch leaves). Forwards are at most once: an RPC that may have reached the
+//! (see `batcher.rs` for when a batch leaves). Forwards are at most once: an RPC that may have reached the
 //! owner is never retried — a failure is reported to every item of the
 //! batch, and the edge decides what to do (DESIGN §4). Connections are
 //! opened lazily, reused, and dropped when the peer leaves the ring.
@@ -19,13 +19,16 @@ use super::auth::{Secret, TOKEN_HEADER};
 use super::breaker::{Allow, Breaker, State as BreakerState};
 use super::faults::Faults;
 use super::ring::{Member, Ring};
-pub mod codec;
 use crate::algorithm::Bounds;
 use crate::metrics::ClusterMetrics;
 use crate::proto::PEER_PROTOCOL_VERSION;
 use crate::proto::peer as pb;
 use crate::proto::peer::peer_client::PeerClient;
 use crate::store::{Snapshot, key};
+
+mod batcher;
+pub mod codec;
+mod sender;
 
 /// How forwards behave.
 #[derive(Clone, Debug)]
@@ -257,7 +260,7 @@ impl Peers {
             )),
             faults: self.inner.faults.clone(),
         };
-        tokio::spawn(batch_loop(
+        tokio::spawn(batcher::batch_loop(
             rx,
             sender.clone(),
             settings.clone(),
@@ -585,319 +588,6 @@ impl Drop for PeersInner {
             for p in peers.values() {
                 p.stop.cancel();
             }
-        }
-    }
-}
-
-/// Collect items into batches and send them, a bounded number at a time.
-///
-/// A batch leaves when it is full; when no RPC to this peer is outstanding
-/// (so a lone item at low load pays no wait); when an outstanding RPC
-/// completes (items that queued meanwhile leave together: Nagle's rule);
-/// or at the latest `batch_wait` after its first item. Under load, batches
-/// fill while RPCs are in flight; idle, nothing waits. (A fixed 500 µs wait
-/// would cost ~1–2 ms anyway: tokio's timer ticks in milliseconds.)
-async fn batch_loop(
-    mut rx: mpsc::Receiver<Pending>,
-    sender: Sender,
-    settings: ForwardSettings,
-    stop: CancellationToken,
-) {
-    let in_flight = Arc::new(Semaphore::new(settings.in_flight.max(1)));
-    let outstanding = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let done = Arc::new(tokio::sync::Notify::new());
-    let max = settings.batch_max_items.max(1);
-    loop {
-        let first = tokio::select! {
-            _ = stop.cancelled() => break,
-            first = rx.recv() => match first { Some(p) => p, None => break },
-        };
-        let mut batch = Vec::with_capacity(max.min(64));
-        batch.push(first);
-        while batch.len() < max {
-            match rx.try_recv() {
-                Ok(p) => batch.push(p),
-                Err(_) => break,
-            }
-        }
-        let leave_at = tokio::time::Instant::now() + settings.batch_wait;
-        while batch.len() < max && outstanding.load(Ordering::Acquire) > 0 {
-            tokio::select! {
-                biased;
-                next = rx.recv() => match next { Some(p) => batch.push(p), None => break },
-                _ = done.notified() => break,
-                _ = tokio::time::sleep_until(leave_at) => break,
-            }
-        }
-        let Ok(permit) = in_flight.clone().acquire_owned().await else {
-            break;
-        };
-        outstanding.fetch_add(1, Ordering::AcqRel);
-        let (sender, outstanding, done) = (sender.clone(), outstanding.clone(), done.clone());
-        tokio::spawn(async move {
-            let now = tokio::time::Instant::now();
-            let (live, late): (Vec<_>, Vec<_>) = batch
-                .into_iter()
-                .partition(|p| p.item.budget_ns == 0 || p.deadline > now);
-            for p in late {
-                let _ = p.reply.send(Err(ForwardError::Unreachable {
-                    peer: sender.node_id.to_string(),
-                    reason: "its budget ran out while queued".into(),
-                }));
-            }
-            let (items, replies): (Vec<_>, Vec<_>) = live
-                .into_iter()
-                .map(|mut p| {
-                    if p.item.budget_ns != 0 {
-                        p.item.budget_ns =
-                            p.deadline.saturating_duration_since(now).as_nanos() as u64;
-                    }
-                    (p.item, p.reply)
-                })
-                .unzip();
-            if items.is_empty() {
-                drop(permit);
-                outstanding.fetch_sub(1, Ordering::AcqRel);
-                done.notify_one();
-                return;
-            }
-            let outcome = sender.send(items, false).await;
-            drop(permit);
-            outstanding.fetch_sub(1, Ordering::AcqRel);
-            done.notify_one();
-            match outcome {
-                Ok(results) => {
-                    for (reply, r) in replies.into_iter().zip(results) {
-                        let _ = reply.send(Ok(r));
-                    }
-                }
-                Err(e) => {
-                    for reply in replies {
-                        let _ = reply.send(Err(e.clone()));
-                    }
-                }
-            }
-        });
-    }
-    // Pending items get an answer: the peer left.
-    rx.close();
-    while let Ok(p) = rx.try_recv() {
-        let _ = p.reply.send(Err(ForwardError::Unreachable {
-            peer: sender.node_id.to_string(),
-            reason: "the peer left the ring".into(),
-        }));
-    }
-}
-
-impl Sender {
-    /// The deadline and token of a peer call.
-    fn authorize<T>(&self, request: &mut tonic::Request<T>, timeout: Duration) {
-        request.set_timeout(timeout);
-        if let Some(token) = self.secret.peer_token(&self.self_id)
-            && let Ok(value) = token.parse()
-        {
-            request.metadata_mut().insert(TOKEN_HEADER, value);
-        }
-    }
-
-    /// A test-injected cut behaves like a network that drops packets: the
-    /// call times out (after `timeout`, the call's deadline).
-    async fn cut(&self, timeout: Duration) -> Option<ForwardError> {
-        if !self.faults.grpc_cut(&self.node_id) {
-            return None;
-        }
-        tokio::time::sleep(timeout).await;
-        Some(ForwardError::Unreachable {
-            peer: self.node_id.to_string(),
-            reason: "deadline exceeded (cut by a test fault)".into(),
-        })
-    }
-
-    /// One RPC for `items`; never retried (at most once). Its outcome feeds
-    /// the peer's breaker.
-    async fn send(
-        &self,
-        items: Vec<pb::ForwardItem>,
-        probe: bool,
-    ) -> Result<Vec<pb::ForwardResult>, ForwardError> {
-        let attempt = Attempt::new(self, probe);
-        let outcome = self.send_once(items).await;
-        attempt.record(&outcome);
-        outcome
-    }
-
-    /// One authenticated unary call with a deadline (`timeout`, else the
-    /// forward timeout), fault hook and breaker; never retried.
-    async fn call<Req, Resp, F, Fut>(
-        &self,
-        request: Req,
-        timeout: Option<Duration>,
-        probe: bool,
-        rpc: F,
-    ) -> Result<Resp, ForwardError>
-    where
-        F: FnOnce(PeerClient<Channel>, tonic::Request<Req>) -> Fut,
-        Fut: std::future::Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
-    {
-        let attempt = Attempt::new(self, probe);
-        self.metrics.rpc_attempt(&self.node_id);
-        let timeout = timeout
-            .unwrap_or(self.timeout)
-            .max(Duration::from_millis(1));
-        let outcome = match self.cut(timeout).await {
-            Some(e) => Err(e),
-            None => {
-                let mut request = tonic::Request::new(request);
-                self.authorize(&mut request, timeout);
-                match tokio::time::timeout(timeout, rpc(self.client.clone(), request)).await {
-                    Ok(Ok(r)) => Ok(r.into_inner()),
-                    Ok(Err(status)) => Err(self.failed(&status)),
-                    Err(_) => Err(ForwardError::Unreachable {
-                        peer: self.node_id.to_string(),
-                        reason: "deadline exceeded".to_string(),
-                    }),
-                }
-            }
-        };
-        attempt.record(&outcome);
-        outcome
-    }
-
-    /// A call's error status as a forward error: a refusal for the call's
-    /// size or shape (the peer answered) is not unreachability.
-    fn failed(&self, status: &tonic::Status) -> ForwardError {
-        let peer = self.node_id.to_string();
-        let reason = format!("{}: {}", status.code(), status.message());
-        match status.code() {
-            tonic::Code::ResourceExhausted
-            | tonic::Code::InvalidArgument
-            | tonic::Code::FailedPrecondition => ForwardError::Refused { peer, reason },
-            _ => ForwardError::Unreachable { peer, reason },
-        }
-    }
-
-    async fn report(
-        &self,
-        items: Vec<pb::ReportItem>,
-        probe: bool,
-    ) -> Result<Vec<i32>, ForwardError> {
-        let n = items.len();
-        let request = pb::ReportRequest {
-            protocol_version: PEER_PROTOCOL_VERSION,
-            from_node: self.self_id.to_string(),
-            items,
-        };
-        let r = self
-            .call(
-                request,
-                None,
-                probe,
-                |mut c, r| async move { c.report(r).await },
-            )
-            .await?;
-        if r.outcomes.len() != n {
-            return Err(ForwardError::Unreachable {
-                peer: self.node_id.to_string(),
-                reason: "a wrong number of outcomes".into(),
-            });
-        }
-        Ok(r.outcomes)
-    }
-
-    async fn send_once(
-        &self,
-        items: Vec<pb::ForwardItem>,
-    ) -> Result<Vec<pb::ForwardResult>, ForwardError> {
-        let n = items.len();
-        let started = Instant::now();
-        self.metrics.rpc_attempt(&self.node_id);
-        // As long as the most patient of its callers waits (each item
-        // carries its own budget; the owner drops those that run out).
-        let timeout = items
-            .iter()
-            .map(|i| Duration::from_nanos(i.budget_ns))
-            .max()
-            .filter(|b| !b.is_zero())
-            .unwrap_or(self.timeout)
-            .max(Duration::from_millis(1));
-        if let Some(e) = self.cut(timeout).await {
-            self.metrics.forward_error(&self.node_id, "timeout");
-            return Err(e);
-        }
-        let mut request = tonic::Request::new(pb::ForwardRequest {
-            protocol_version: PEER_PROTOCOL_VERSION,
-            ring_epoch: self.epoch.load(Ordering::Relaxed),
-            from_node: self.self_id.to_string(),
-            items,
-        });
-        self.authorize(&mut request, timeout);
-        let unreachable = |reason: String| ForwardError::Unreachable {
-            peer: self.node_id.to_string(),
-            reason,
-        };
-        let outcome = tokio::time::timeout(timeout, self.client.clone().forward(request)).await;
-        self.metrics.forwarded(n, started.elapsed());
-        let response = match outcome {
-            Err(_) => {
-                self.metrics.forward_error(&self.node_id, "timeout");
-                return Err(unreachable("deadline exceeded".into()));
-            }
-            Ok(Err(status)) => {
-                self.metrics.forward_error(&self.node_id, "rpc");
-                return Err(unreachable(format!(
-                    "{}: {}",
-                    status.code(),
-                    status.message()
-                )));
-            }
-            Ok(Ok(r)) => r.into_inner(),
-        };
-        if response.results.len() != n {
-            self.metrics.forward_error(&self.node_id, "protocol");
-            return Err(unreachable(format!(
-                "answered {} results for {n} items",
-                response.results.len()
-            )));
-        }
-        Ok(response.results)
-    }
-}
-
-/// One call's record in its peer's breaker. A call whose future is dropped
-/// before it finishes (its caller's deadline passed first) reports nothing
-/// on its own: dropping the attempt frees the breaker's probe slot, or a
-/// half-open breaker would refuse every call to that peer for good.
-struct Attempt<'a> {
-    sender: &'a Sender,
-    /// This call holds the half-open breaker's probe slot.
-    probe: bool,
-    done: bool,
-}
-
-impl<'a> Attempt<'a> {
-    fn new(sender: &'a Sender, probe: bool) -> Attempt<'a> {
-        Attempt {
-            sender,
-            probe,
-            done: false,
-        }
-    }
-
-    fn record<T>(mut self, outcome: &Result<T, ForwardError>) {
-        self.done = true;
-        // A refusal came from a peer that answered: reachable.
-        let reached = !matches!(outcome, Err(ForwardError::Unreachable { .. }));
-        self.sender.breaker.record(reached);
-        self.sender
-            .metrics
-            .breaker_state(&self.sender.node_id, self.sender.breaker.state().gauge());
-    }
-}
-
-impl Drop for Attempt<'_> {
-    fn drop(&mut self) {
-        if !self.done && self.probe {
-            self.sender.breaker.abandon();
         }
     }
 }

@@ -1,0 +1,219 @@
+//! One peer's calls: each RPC authenticated, bounded by a deadline, run
+//! through the test fault hook and fed to the peer's breaker — never
+//! retried (at most once). The batcher and `Peers` in `mod.rs` decide what
+//! to send; this file how one call goes.
+
+use super::*;
+
+impl Sender {
+    /// The deadline and token of a peer call.
+    fn authorize<T>(&self, request: &mut tonic::Request<T>, timeout: Duration) {
+        request.set_timeout(timeout);
+        if let Some(token) = self.secret.peer_token(&self.self_id)
+            && let Ok(value) = token.parse()
+        {
+            request.metadata_mut().insert(TOKEN_HEADER, value);
+        }
+    }
+
+    /// A test-injected cut behaves like a network that drops packets: the
+    /// call times out (after `timeout`, the call's deadline).
+    async fn cut(&self, timeout: Duration) -> Option<ForwardError> {
+        if !self.faults.grpc_cut(&self.node_id) {
+            return None;
+        }
+        tokio::time::sleep(timeout).await;
+        Some(ForwardError::Unreachable {
+            peer: self.node_id.to_string(),
+            reason: "deadline exceeded (cut by a test fault)".into(),
+        })
+    }
+
+    /// One RPC for `items`; never retried (at most once). Its outcome feeds
+    /// the peer's breaker.
+    pub(super) async fn send(
+        &self,
+        items: Vec<pb::ForwardItem>,
+        probe: bool,
+    ) -> Result<Vec<pb::ForwardResult>, ForwardError> {
+        let attempt = Attempt::new(self, probe);
+        let outcome = self.send_once(items).await;
+        attempt.record(&outcome);
+        outcome
+    }
+
+    /// One authenticated unary call with a deadline (`timeout`, else the
+    /// forward timeout), fault hook and breaker; never retried.
+    pub(super) async fn call<Req, Resp, F, Fut>(
+        &self,
+        request: Req,
+        timeout: Option<Duration>,
+        probe: bool,
+        rpc: F,
+    ) -> Result<Resp, ForwardError>
+    where
+        F: FnOnce(PeerClient<Channel>, tonic::Request<Req>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+    {
+        let attempt = Attempt::new(self, probe);
+        self.metrics.rpc_attempt(&self.node_id);
+        let timeout = timeout
+            .unwrap_or(self.timeout)
+            .max(Duration::from_millis(1));
+        let outcome = match self.cut(timeout).await {
+            Some(e) => Err(e),
+            None => {
+                let mut request = tonic::Request::new(request);
+                self.authorize(&mut request, timeout);
+                match tokio::time::timeout(timeout, rpc(self.client.clone(), request)).await {
+                    Ok(Ok(r)) => Ok(r.into_inner()),
+                    Ok(Err(status)) => Err(self.failed(&status)),
+                    Err(_) => Err(ForwardError::Unreachable {
+                        peer: self.node_id.to_string(),
+                        reason: "deadline exceeded".to_string(),
+                    }),
+                }
+            }
+        };
+        attempt.record(&outcome);
+        outcome
+    }
+
+    /// A call's error status as a forward error: a refusal for the call's
+    /// size or shape (the peer answered) is not unreachability.
+    fn failed(&self, status: &tonic::Status) -> ForwardError {
+        let peer = self.node_id.to_string();
+        let reason = format!("{}: {}", status.code(), status.message());
+        match status.code() {
+            tonic::Code::ResourceExhausted
+            | tonic::Code::InvalidArgument
+            | tonic::Code::FailedPrecondition => ForwardError::Refused { peer, reason },
+            _ => ForwardError::Unreachable { peer, reason },
+        }
+    }
+
+    pub(super) async fn report(
+        &self,
+        items: Vec<pb::ReportItem>,
+        probe: bool,
+    ) -> Result<Vec<i32>, ForwardError> {
+        let n = items.len();
+        let request = pb::ReportRequest {
+            protocol_version: PEER_PROTOCOL_VERSION,
+            from_node: self.self_id.to_string(),
+            items,
+        };
+        let r = self
+            .call(
+                request,
+                None,
+                probe,
+                |mut c, r| async move { c.report(r).await },
+            )
+            .await?;
+        if r.outcomes.len() != n {
+            return Err(ForwardError::Unreachable {
+                peer: self.node_id.to_string(),
+                reason: "a wrong number of outcomes".into(),
+            });
+        }
+        Ok(r.outcomes)
+    }
+
+    async fn send_once(
+        &self,
+        items: Vec<pb::ForwardItem>,
+    ) -> Result<Vec<pb::ForwardResult>, ForwardError> {
+        let n = items.len();
+        let started = Instant::now();
+        self.metrics.rpc_attempt(&self.node_id);
+        // As long as the most patient of its callers waits (each item
+        // carries its own budget; the owner drops those that run out).
+        let timeout = items
+            .iter()
+            .map(|i| Duration::from_nanos(i.budget_ns))
+            .max()
+            .filter(|b| !b.is_zero())
+            .unwrap_or(self.timeout)
+            .max(Duration::from_millis(1));
+        if let Some(e) = self.cut(timeout).await {
+            self.metrics.forward_error(&self.node_id, "timeout");
+            return Err(e);
+        }
+        let mut request = tonic::Request::new(pb::ForwardRequest {
+            protocol_version: PEER_PROTOCOL_VERSION,
+            ring_epoch: self.epoch.load(Ordering::Relaxed),
+            from_node: self.self_id.to_string(),
+            items,
+        });
+        self.authorize(&mut request, timeout);
+        let unreachable = |reason: String| ForwardError::Unreachable {
+            peer: self.node_id.to_string(),
+            reason,
+        };
+        let outcome = tokio::time::timeout(timeout, self.client.clone().forward(request)).await;
+        self.metrics.forwarded(n, started.elapsed());
+        let response = match outcome {
+            Err(_) => {
+                self.metrics.forward_error(&self.node_id, "timeout");
+                return Err(unreachable("deadline exceeded".into()));
+            }
+            Ok(Err(status)) => {
+                self.metrics.forward_error(&self.node_id, "rpc");
+                return Err(unreachable(format!(
+                    "{}: {}",
+                    status.code(),
+                    status.message()
+                )));
+            }
+            Ok(Ok(r)) => r.into_inner(),
+        };
+        if response.results.len() != n {
+            self.metrics.forward_error(&self.node_id, "protocol");
+            return Err(unreachable(format!(
+                "answered {} results for {n} items",
+                response.results.len()
+            )));
+        }
+        Ok(response.results)
+    }
+}
+
+/// One call's record in its peer's breaker. A call whose future is dropped
+/// before it finishes (its caller's deadline passed first) reports nothing
+/// on its own: dropping the attempt frees the breaker's probe slot, or a
+/// half-open breaker would refuse every call to that peer for good.
+struct Attempt<'a> {
+    sender: &'a Sender,
+    /// This call holds the half-open breaker's probe slot.
+    probe: bool,
+    done: bool,
+}
+
+impl<'a> Attempt<'a> {
+    fn new(sender: &'a Sender, probe: bool) -> Attempt<'a> {
+        Attempt {
+            sender,
+            probe,
+            done: false,
+        }
+    }
+
+    fn record<T>(mut self, outcome: &Result<T, ForwardError>) {
+        self.done = true;
+        // A refusal came from a peer that answered: reachable.
+        let reached = !matches!(outcome, Err(ForwardError::Unreachable { .. }));
+        self.sender.breaker.record(reached);
+        self.sender
+            .metrics
+            .breaker_state(&self.sender.node_id, self.sender.breaker.state().gauge());
+    }
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        if !self.done && self.probe {
+            self.sender.breaker.abandon();
+        }
+    }
+}
