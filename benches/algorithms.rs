@@ -6,7 +6,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use sluice::algorithm::{Algorithm, Limited, Period, Request, Spec};
+use sluice::algorithm::{Algorithm, Cost, Limited, Period, Spec};
 
 const BASE: u64 = 1_700_000_000_000_000_000;
 
@@ -28,7 +28,7 @@ fn bench(c: &mut Criterion) {
             let spec = Spec::new(algorithm, limit, Period::Duration(duration), None).unwrap();
             let mut key = Limited::new(spec, BASE);
             let mut now = BASE;
-            let req = Request::hits(1);
+            let req = Cost::hits(1);
             group.bench_function(format!("{}/{label}", algorithm.name()), |b| {
                 b.iter(|| {
                     now += 1_000;

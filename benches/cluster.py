@@ -37,7 +37,7 @@ def cpu_seconds(pid):
 
 
 class Cluster:
-    def __init__(self, n, pin=True, extra=()):
+    def __init__(self, n, pin=True, extra=(), bin=BIN):
         self.procs, self.grpc = [], []
         seed = None
         for i in range(n):
@@ -51,7 +51,7 @@ class Cluster:
                 env["SLUICE_CLUSTER__SEEDS"] = f'["127.0.0.1:{seed}"]'
             seed = seed or gossip
             cmd = (["taskset", "-c", "0"] if pin else []) + [
-                BIN, "serve", "--node-id", f"bench-{i}",
+                bin, "serve", "--node-id", f"bench-{i}",
                 "--grpc-addr", grpc, "--http-addr", f"127.0.0.1:{free_port()}", *extra]
             self.procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL))
             self.grpc.append(grpc)

@@ -11,7 +11,10 @@ its core is flagged generator-bound. Targets alternate, A B A B, so drift
 in the machine hits both. Latency is open loop (from each call's intended
 start: coordinated omission counted) at fixed fractions of Redis's peak.
 
-Usage: benches/redis.py [--seconds 5] [--reps 2]
+Usage: benches/redis.py [--seconds 5] [--reps 2] [--baseline PATH]
+With --baseline, another build of sluice (e.g. the commit before a refactor)
+runs as a third server in the same alternation, and a before/after table
+follows the tables (same generator: this build's `sluice bench`).
 Installs redis-server (Debian's package) if it is missing, builds the
 release binary if needed, starts and stops everything it uses, prints the
 tables for benches/README.md and writes benches/redis.png (matplotlib from
@@ -148,14 +151,18 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--baseline", help="another sluice binary, benchmarked beside this one")
     args = ap.parse_args()
     ensure_redis()
     ensure_binary()
     s, x = args.seconds, args.reps
     redis, one = Redis(), Cluster(1)
+    base = Cluster(1, bin=args.baseline) if args.baseline else None
     results = {}
     try:
         servers = {"sluice": one, "redis": redis}
+        if base:
+            servers["baseline"] = base
         for callers in (16, 64, 256):
             results[f"1 per call, {callers} callers"] = alternate(
                 servers, s, x, ["--concurrency", str(callers)])
@@ -167,11 +174,13 @@ def main():
         for share in (0.1, 0.25, 0.5, 0.75):
             rate = str(round(peak * share))
             for t, srv in servers.items():
+                if t == "baseline":
+                    continue
                 latency[(share, t)] = bench(t, srv, s, ["--rate", rate, "--concurrency", "256"])
         accuracy = {}
         # Each accuracy run on a key of its own, fresh.
         hot = ["--dist", "hot", "--concurrency", "16"]
-        for t, srv in servers.items():
+        for t, srv in [(t, srv) for t, srv in servers.items() if t != "baseline"]:
             accuracy[f"{t} (1 node)" if t == "sluice" else t] = bench(
                 t, srv, s, hot + ["--name", f"hot-{t}"])
         for algo in ("sliding_window_counter", "sliding_window_log"):
@@ -180,11 +189,16 @@ def main():
     finally:
         one.stop()
         redis.stop()
+        if base:
+            base.stop()
 
     three = Cluster(3)
     redis = Redis()
+    base = Cluster(3, bin=args.baseline) if args.baseline else None
     try:
         servers = {"sluice": three, "redis": redis}
+        if base:
+            servers["baseline"] = base
         results["3-node Sluice (calls round-robin, 2/3 forwarded) vs 1 Redis, 1 per call, 64 callers"] = \
             alternate(servers, s, x, ["--concurrency", "64"])
         accuracy["sluice (3 nodes)"] = bench(
@@ -192,20 +206,25 @@ def main():
     finally:
         three.stop()
         redis.stop()
+        if base:
+            base.stop()
 
     # Memory per live key at 1M keys: every key touched once, each with a
     # period long enough that none refills (so none expires or is swept).
     mem_args = ["--dist", "seq", "--keys", "1000000", "--items", "100", "--concurrency", "16",
                 "--limit", "1000", "--duration-ms", str(1000 * 3600 * 1000)]
-    node = Cluster(1, extra=["--max-keys", "2000000"])
-    try:
-        time.sleep(1)
-        before = rss(node.procs[0].pid)
-        r = bench_until(node, "sluice", mem_args)
-        sluice_mem = (rss(node.procs[0].pid) - before) / 1e6
-        sluice_keys = r
-    finally:
-        node.stop()
+    def sluice_memory(bin):
+        node = Cluster(1, extra=["--max-keys", "2000000"], bin=bin)
+        try:
+            time.sleep(1)
+            before = rss(node.procs[0].pid)
+            keys = bench_until(node, "sluice", mem_args)
+            return (rss(node.procs[0].pid) - before) / 1e6, keys
+        finally:
+            node.stop()
+
+    sluice_mem, sluice_keys = sluice_memory(BIN)
+    base_mem = sluice_memory(args.baseline)[0] if args.baseline else None
     redis = Redis()
     try:
         before = redis.used_memory()
@@ -221,6 +240,8 @@ def main():
                    "accuracy": accuracy}, f, indent=1)
     report(args, results, latency, accuracy, peak, redis_version,
            (sluice_mem, sluice_keys, redis_mem, redis_keys))
+    if args.baseline:
+        before_after(args.baseline, results, sluice_mem, base_mem, sluice_keys)
 
 
 def bench_until(server, target, extra):
@@ -286,6 +307,21 @@ def report(args, results, latency, accuracy, peak, redis_version, mem):
           f"{l['admitted']:,} admitted ({(c['admitted'] * l['seconds']) / (l['admitted'] * c['seconds']) - 1:+.2%} "
           f"per second).")
     chart(results, latency)
+
+
+def before_after(baseline, results, mem, base_mem, keys):
+    """This build against the baseline build, from the same alternated runs."""
+    print()
+    print(f"This build against `{baseline}` (same run, alternated; decisions per server CPU-second):")
+    print()
+    print("| mode | baseline | this build | this ÷ baseline |")
+    print("|---|---|---|---|")
+    for mode, r in results.items():
+        a, b = r["sluice"], r["baseline"]
+        print(f"| {mode} | {b['per_cpu_s']:,.0f}{flag(b)} | {a['per_cpu_s']:,.0f}{flag(a)} "
+              f"| **{a['per_cpu_s'] / b['per_cpu_s']:.2f}×** |")
+    print(f"| bytes per live key at 1M keys (RSS growth) | {base_mem * 1e6 / keys:.0f} "
+          f"| {mem * 1e6 / keys:.0f} | {mem / base_mem:.2f}× |")
 
 
 def chart(results, latency):

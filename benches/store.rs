@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
-use sluice::algorithm::{Algorithm, Period, Request, Spec};
+use sluice::algorithm::{Algorithm, Cost, Period, Spec};
 use sluice::store::{Store, key};
 
 struct Counting;
@@ -62,7 +62,7 @@ fn filled(algorithm: Algorithm) -> Store {
     let store = Store::new(KEYS);
     let s = spec(algorithm);
     for i in 0..KEYS {
-        store.decide(&key_bytes(i), &s, Request::hits(1), BASE);
+        store.decide(&key_bytes(i), &s, Cost::hits(1), BASE);
     }
     store
 }
@@ -97,7 +97,7 @@ fn run(store: &Arc<Store>, threads: usize, iters: u64, keys: &Arc<Vec<Vec<u8>>>)
                 for _ in 0..iters / threads as u64 {
                     i = (i + 104_729) % keys.len();
                     now += 1_000;
-                    black_box(store.decide(&keys[i], &s, Request::hits(1), now));
+                    black_box(store.decide(&keys[i], &s, Cost::hits(1), now));
                 }
             });
         }

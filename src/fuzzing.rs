@@ -6,13 +6,13 @@
 use prost::Message;
 
 use crate::algorithm::{
-    Algorithm, Bounds, CalendarUnit, Decision, Nanos, Period, Request, Spec, State,
+    Algorithm, Bounds, CalendarUnit, Cost, Decision, Nanos, Period, Spec, State,
 };
 use crate::config::Limits;
 use crate::policy::rules::Rules;
 use crate::proto::v1 as pb;
 
-/// Request validation: any bytes a client could send as a `Check` call.
+/// Cost validation: any bytes a client could send as a `Check` call.
 /// Decoding may fail; a decoded request validates to a check or to an error
 /// naming a field — never a panic.
 pub fn check_request(data: &[u8]) {
@@ -131,7 +131,7 @@ pub fn algorithm(data: &[u8]) {
         now = now.saturating_add(b.number() % (1 << 40));
         match b.u8() % 6 {
             0..=2 => {
-                let req = Request {
+                let req = Cost {
                     hits: b.number(),
                     drain_over_limit: b.u8() % 2 == 0,
                     nodelay: b.u8() % 2 == 0,
@@ -145,7 +145,7 @@ pub fn algorithm(data: &[u8]) {
                 now.saturating_sub(b.number() % (1 << 30)),
             ),
             4 => {
-                let peer = Request::hits(b.number());
+                let peer = Cost::hits(b.number());
                 let _ = other.decide(&spec, peer, now);
                 state.merge(&other, &spec);
             }
@@ -169,7 +169,7 @@ pub fn algorithm(data: &[u8]) {
     }
 }
 
-fn check(spec: &Spec, req: Request, d: &Decision) {
+fn check(spec: &Spec, req: Cost, d: &Decision) {
     if d.allowed() {
         assert!(
             req.hits <= spec.capacity(),

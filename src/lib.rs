@@ -18,6 +18,5 @@ pub mod proto;
 pub mod server;
 pub mod service;
 pub mod store;
-pub mod tiered;
 pub mod tls;
 pub mod verdict;

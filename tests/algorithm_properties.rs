@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use reference::traffic::{self, BASE, Op, Params};
 use reference::{MPeriod, q};
 use sluice::algorithm::{
-    Algorithm, CalendarUnit, Limited, MAX_DURATION, Period, Request, Spec, State,
+    Algorithm, CalendarUnit, Cost, Limited, MAX_DURATION, Period, Spec, State,
 };
 
 /// Run decide/absorb ops on a key, returning the key and the times seen.
@@ -30,7 +30,7 @@ fn drive(p: &Params, ops: &[Op]) -> (Limited, u64) {
                 let hits = traffic::hits(cost, spec.capacity());
                 key.decide(
                     &spec,
-                    Request {
+                    Cost {
                         hits,
                         drain_over_limit: drain,
                         nodelay,
@@ -79,7 +79,7 @@ proptest! {
             if let Op::Decide { step, cost, drain, nodelay } = op {
                 now = traffic::advance(now, step, d);
                 let hits = traffic::hits(cost, tb.capacity());
-                let req = Request { hits, drain_over_limit: drain, nodelay };
+                let req = Cost { hits, drain_over_limit: drain, nodelay };
                 prop_assert_eq!(a.decide(&tb, req, now), b.decide(&gc, req, now));
             } else if let Op::Absorb { step, cost } = op {
                 now = traffic::advance(now, step, d);
@@ -105,7 +105,7 @@ proptest! {
             if let Op::Decide { step, cost, nodelay, .. } = *op {
                 now = traffic::advance(now, step, p.span());
                 let hits = traffic::hits(cost, spec.capacity());
-                let req = Request { hits, drain_over_limit: false, nodelay };
+                let req = Cost { hits, drain_over_limit: false, nodelay };
                 if key.decide(&spec, req, now).allowed() && hits > 0 {
                     admitted.push((now, hits));
                 }
@@ -171,7 +171,7 @@ proptest! {
         let (key, latest) = drive(&p, &ops);
         let at = traffic::advance(latest, step, p.span());
         let mut decided = key.clone();
-        if decided.decide(&spec, Request::hits(hits), at).allowed() {
+        if decided.decide(&spec, Cost::hits(hits), at).allowed() {
             let mut absorbed = key.clone();
             absorbed.absorb(hits, at);
             prop_assert_eq!(absorbed.state(), decided.state());
@@ -203,7 +203,7 @@ proptest! {
         let (key, latest) = drive(&p, &ops);
         let before = key.state().consumed(&from, latest);
         let mut moved = key.clone();
-        moved.decide(&to, Request::hits(0), latest);
+        moved.decide(&to, Cost::hits(0), latest);
         let after = moved.state().consumed(&to, latest);
         if to.algorithm() == Algorithm::Gcra {
             // A TAT past u64::MAX ns saturates ("never"), losing the excess.
@@ -270,7 +270,7 @@ fn exercise(spec: &Spec, times: &[u64]) {
         for &t in times {
             for &hits in &costs {
                 for drain in [false, true] {
-                    let req = Request {
+                    let req = Cost {
                         hits,
                         drain_over_limit: drain,
                         nodelay: false,
@@ -282,7 +282,7 @@ fn exercise(spec: &Spec, times: &[u64]) {
                         let at = t.saturating_add(r);
                         if at < u64::MAX && !drain {
                             let mut probe = before.clone();
-                            let ok = probe.decide(spec, Request::hits(hits), at);
+                            let ok = probe.decide(spec, Cost::hits(hits), at);
                             assert!(ok.allowed(), "{spec:?} at {t}+{r}: {ok:?}");
                         }
                     }
@@ -299,6 +299,6 @@ fn exercise(spec: &Spec, times: &[u64]) {
     let other = Spec::new(Algorithm::TokenBucket, 1, Period::Duration(1), None).unwrap();
     let mut key = Limited::new(*spec, BASE);
     key.absorb(u64::MAX, BASE);
-    key.decide(&other, Request::hits(1), u64::MAX);
+    key.decide(&other, Cost::hits(1), u64::MAX);
     let _ = MPeriod::Nanos(1);
 }

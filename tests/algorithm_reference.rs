@@ -13,7 +13,7 @@ use reference::{
     FixedWindowModel, GcraModel, LeakyBucketModel, MSpec, Model, Out, SlidingCounterModel,
     SlidingLogModel, TokenBucketModel,
 };
-use sluice::algorithm::{Algorithm, Decision, Limited, Reason, Request};
+use sluice::algorithm::{Algorithm, Cost, Decision, Limited, Outcome};
 
 fn out(d: &Decision) -> Out {
     Out {
@@ -27,9 +27,9 @@ fn out(d: &Decision) -> Out {
 
 /// The refused request must be refused at `now + retry − 1` and admitted at
 /// `now + retry`, from the state the refusal left.
-fn check_retry(key: &Limited, req: Request, now: u64, retry: u64) -> Result<(), TestCaseError> {
+fn check_retry(key: &Limited, req: Cost, now: u64, retry: u64) -> Result<(), TestCaseError> {
     let spec = *key.spec();
-    let probe = Request {
+    let probe = Cost {
         drain_over_limit: false,
         ..req
     };
@@ -82,7 +82,7 @@ fn run<M: Model>(first: Params, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let spec = params.spec();
                 let asked = params.mspec();
                 let hits = traffic::hits(cost, asked.capacity);
-                let req = Request {
+                let req = Cost {
                     hits,
                     drain_over_limit: drain,
                     nodelay,
@@ -112,7 +112,7 @@ fn run<M: Model>(first: Params, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     params,
                     req
                 );
-                if got.reason == Reason::LimitExceeded && asked.limit > 0 {
+                if got.reason == Outcome::LimitExceeded && asked.limit > 0 {
                     check_retry(&key, req, now, got.retry_after.unwrap())?;
                 }
             }

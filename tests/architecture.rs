@@ -7,9 +7,9 @@
 //!   the peer codec under `cluster::peers`, and the CLI;
 //! - `service` reaches state only through the `Limiter`, never `store`.
 //!
-//! `PENDING` lists the violations that issue 22 is removing, one by one: a
-//! violation not listed fails the test (naming the file and the line), and
-//! so does a listed one that no longer occurs (remove it from the list).
+//! A violation fails the test, naming the file and the line;
+//! `the_rules_catch_the_old_violations` holds that each import that once
+//! tangled the tree (issue 22) would be caught again.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -20,7 +20,7 @@ const LAYERS: &[&[&str]] = &[
     &["algorithm", "verdict"],
     &["clock", "proto", "tls"],
     &["metrics", "store"],
-    &["lease", "tiered"],
+    &["lease"],
     &["config"],
     &["policy"],
     &["cluster"],
@@ -32,14 +32,6 @@ const LAYERS: &[&[&str]] = &[
 
 /// Files that may name protobuf types (prefixes of paths under `src/`).
 const PROTO_AT: &[&str] = &["proto", "service/", "cluster/peers", "cli/", "fuzzing"];
-
-/// Today's violations, as `(file, imported module)`: issue 22 removes them.
-const PENDING: &[(&str, &str)] = &[
-    ("limiter/forward.rs", "proto"),
-    ("limiter/replicate.rs", "proto"),
-    ("limiter/reports.rs", "proto"),
-    ("limiter/tiered.rs", "proto"),
-];
 
 fn layer(module: &str) -> Option<usize> {
     LAYERS.iter().position(|l| l.contains(&module))
@@ -86,21 +78,12 @@ fn imports(text: &str) -> Vec<(usize, String)> {
     found
 }
 
-#[test]
-fn every_import_goes_down_a_layer() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
-    files.sort();
+/// The layering broken by `files` (`(path under src/, text)`): one line
+/// per offending import, and the import graph between top-level modules.
+fn check(files: &[(String, String)]) -> (Vec<String>, BTreeMap<String, BTreeSet<String>>) {
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut wrong: Vec<String> = Vec::new();
-    let mut seen: BTreeSet<(String, String)> = BTreeSet::new();
-    for path in &files {
-        let rel = path
-            .strip_prefix(&src)
-            .unwrap()
-            .to_string_lossy()
-            .replace('\\', "/");
+    for (rel, text) in files {
         if rel == "lib.rs" || rel == "main.rs" {
             continue;
         }
@@ -110,10 +93,13 @@ fn every_import_goes_down_a_layer() {
             .unwrap()
             .trim_end_matches(".rs")
             .to_string();
-        let from = layer(&module)
-            .unwrap_or_else(|| panic!("src/{rel}: module `{module}` is in no layer of LAYERS"));
-        let text = std::fs::read_to_string(path).unwrap();
-        for (line, target) in imports(&text) {
+        let Some(from) = layer(&module) else {
+            wrong.push(format!(
+                "src/{rel}: module `{module}` is in no layer of LAYERS"
+            ));
+            continue;
+        };
+        for (line, target) in imports(text) {
             if target == module {
                 continue;
             }
@@ -136,11 +122,7 @@ fn every_import_goes_down_a_layer() {
             if module == "service" && target == "store" {
                 why.push("service reaches state only through the Limiter".into());
             }
-            if why.is_empty() {
-                continue;
-            }
-            seen.insert((rel.clone(), target.clone()));
-            if !PENDING.contains(&(rel.as_str(), target.as_str())) {
+            if !why.is_empty() {
                 wrong.push(format!(
                     "src/{rel}:{line}: crate::{target} — {}",
                     why.join("; ")
@@ -148,20 +130,83 @@ fn every_import_goes_down_a_layer() {
             }
         }
     }
-    let stale: Vec<_> = PENDING
+    (wrong, graph)
+}
+
+#[test]
+fn every_import_goes_down_a_layer() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut paths = Vec::new();
+    rust_files(&src, &mut paths);
+    paths.sort();
+    let files: Vec<(String, String)> = paths
         .iter()
-        .filter(|(f, t)| !seen.contains(&(f.to_string(), t.to_string())))
+        .map(|path| {
+            let rel = path
+                .strip_prefix(&src)
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/");
+            (rel, std::fs::read_to_string(path).unwrap())
+        })
         .collect();
+    let (wrong, graph) = check(&files);
     assert!(
         wrong.is_empty(),
         "imports that break the layering:\n{}",
         wrong.join("\n")
     );
-    assert!(stale.is_empty(), "fixed — remove from PENDING: {stale:?}");
-    // With every edge pointing down a layer there is no cycle; name any
-    // that the PENDING exceptions still close, so they are not forgotten.
+    // Every edge points down a layer, so this holds by construction; it
+    // is asserted so that a change to the rules above cannot let one in.
     let cycles = cycles(&graph);
-    println!("module graph: {graph:?}\ncycles left (PENDING): {cycles:?}");
+    assert!(cycles.is_empty(), "import cycles: {cycles:?}");
+}
+
+/// Each import that tangled the tree before issue 22, as it was written.
+const OLD_VIOLATIONS: &[(&str, &str)] = &[
+    ("config.rs", "use crate::policy::Policies;"),
+    ("policy/mod.rs", "use crate::limiter::Mode;"),
+    ("metrics.rs", "use crate::limiter::Reason;"),
+    (
+        "cluster/peers.rs",
+        "use crate::metrics::Metrics; use crate::service::wire;",
+    ),
+    ("config.rs", "use crate::service::headers::Family;"),
+    ("config.rs", "use crate::cluster::auth::Secret;"),
+    (
+        "cluster/wire.rs",
+        "use crate::service::wire::algorithm_to_wire;",
+    ),
+    ("service/grpc.rs", "use crate::server::StartError;"),
+    ("service/admin.rs", "use crate::store::TopBy;"),
+    ("limiter/owner.rs", "use crate::proto::peer as pb;"),
+    (
+        "limiter/fallback.rs",
+        "let x = crate::proto::peer::TieredAsk { demand, unused };",
+    ),
+    ("metrics.rs", "use crate::cluster::breaker::State;"),
+    ("store/mod.rs", "use crate::cluster::ring::Ring;"),
+    ("algorithm/mod.rs", "use crate::clock::Clock;"),
+];
+
+#[test]
+fn the_rules_catch_the_old_violations() {
+    for (rel, text) in OLD_VIOLATIONS {
+        let (wrong, _) = check(&[(rel.to_string(), text.to_string())]);
+        assert!(!wrong.is_empty(), "src/{rel}: `{text}` was not caught");
+        assert!(
+            wrong[0].starts_with(&format!("src/{rel}:1: ")),
+            "the message names the file and line: {wrong:?}"
+        );
+    }
+    // And the cycle finder finds a cycle the layers would forbid.
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    graph.insert("service".into(), ["server".to_string()].into());
+    graph.insert("server".into(), ["service".to_string()].into());
+    assert_eq!(
+        cycles(&graph),
+        vec![["server".to_string(), "service".to_string()].into()]
+    );
 }
 
 /// Strongly connected components of more than one module.

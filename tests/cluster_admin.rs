@@ -158,7 +158,7 @@ async fn a_leaving_node_delivers_its_unreported_lease_spending() {
 /// share on top of the limit.)
 #[tokio::test(flavor = "multi_thread")]
 async fn a_tiny_caller_deadline_is_no_reason_to_decide_on_a_lease() {
-    use sluice::algorithm::{Algorithm, Period, Request, Spec};
+    use sluice::algorithm::{Algorithm, Cost, Period, Spec};
     use sluice::limiter::{Check, LimitRef};
     let nodes = cluster(3, fast).await;
     let k = keys_owned_by(&IDS, "admin", 1)[1].clone();
@@ -173,7 +173,7 @@ async fn a_tiny_caller_deadline_is_no_reason_to_decide_on_a_lease() {
         name: "admin".into(),
         unique_key: k,
         limit: LimitRef::Inline(spec),
-        request: Request::hits(1),
+        request: Cost::hits(1),
         unbatched: false,
         on_owner_unreachable: None,
         mode: None,

@@ -7,7 +7,7 @@
 //! owner applied is a duplicate at the new one.
 
 use proptest::prelude::*;
-use sluice::algorithm::{Algorithm, Period, Request, Spec};
+use sluice::algorithm::{Algorithm, Cost, Period, Spec};
 use sluice::store::{Absorbed, Holding, Report, Store};
 
 const BASE: u64 = 1_700_000_000_000_000_000;
@@ -76,7 +76,7 @@ proptest! {
             match *op {
                 Op::Decide { hits, after_ms } => {
                     now += after_ms * MS;
-                    old.decide(key, &spec, Request::hits(hits), now);
+                    old.decide(key, &spec, Cost::hits(hits), now);
                 }
                 Op::Report { edge, hits, after_ms } => {
                     now += after_ms * MS;
@@ -133,8 +133,8 @@ proptest! {
         for i in 0..12u64 {
             let at = now + i * step / 2;
             let hits = 1 + i % 3;
-            let want = old.decide(key, &spec, Request::hits(hits), at);
-            let got = new.decide(key, &spec, Request::hits(hits), at);
+            let want = old.decide(key, &spec, Cost::hits(hits), at);
+            let got = new.decide(key, &spec, Cost::hits(hits), at);
             prop_assert_eq!(got, want, "decision {} at +{}ns after arrivals {:?}", i, at - now, arrivals);
         }
     }
@@ -153,15 +153,15 @@ fn a_late_copy_from_before_a_reset_is_ignored() {
     let key: &[u8] = b"k";
     let old = Store::new(4);
     for _ in 0..10 {
-        old.decide(key, &spec, Request::hits(1), BASE);
+        old.decide(key, &spec, Cost::hits(1), BASE);
     }
     let before_reset = old.snapshot(key).unwrap();
     old.reset(key, BASE, None).unwrap();
-    old.decide(key, &spec, Request::hits(1), BASE);
+    old.decide(key, &spec, Cost::hits(1), BASE);
     let after_reset = old.snapshot(key).unwrap();
     let new = Store::new(4);
     new.merge(key, after_reset, BASE, Holding::Copy, None);
     new.merge(key, before_reset, BASE, Holding::Copy, None);
-    let d = new.decide(key, &spec, Request::hits(0), BASE);
+    let d = new.decide(key, &spec, Cost::hits(0), BASE);
     assert_eq!(d.remaining, 9, "the reset stands: {d:?}");
 }

@@ -4,7 +4,7 @@
 //!
 //! Run with `--nocapture` to see the measured figures.
 
-use sluice::algorithm::{Algorithm, Limited, Period, Request, Spec};
+use sluice::algorithm::{Algorithm, Cost, Limited, Period, Spec};
 
 const S: u64 = 1_000_000_000;
 const BASE: u64 = 1_700_000_000 * S;
@@ -59,8 +59,8 @@ fn even(limit: u64, load_pct: u64, windows: u64, seed: u64) -> Outcome {
     };
     while now < BASE + windows * d {
         now += gap / 2 + rng.next() % gap.max(1);
-        let a = c.decide(&counter, Request::hits(1), now).allowed();
-        let b = l.decide(&log, Request::hits(1), now).allowed();
+        let a = c.decide(&counter, Cost::hits(1), now).allowed();
+        let b = l.decide(&log, Cost::hits(1), now).allowed();
         out.counter += u64::from(a);
         out.log += u64::from(b);
         out.disagreements += u64::from(a != b);
@@ -128,15 +128,15 @@ fn adversarial_burst_at_window_end_is_bounded_by_twice_the_limit() {
     let burst_at = start + d - 1;
     let mut in_span = (0, 0);
     for _ in 0..limit {
-        in_span.0 += u64::from(c.decide(&counter, Request::hits(1), burst_at).allowed());
-        in_span.1 += u64::from(l.decide(&log, Request::hits(1), burst_at).allowed());
+        in_span.0 += u64::from(c.decide(&counter, Cost::hits(1), burst_at).allowed());
+        in_span.1 += u64::from(l.decide(&log, Cost::hits(1), burst_at).allowed());
     }
     // ...then one request per 100 ms until the burst leaves the sliding span.
     let mut now = burst_at;
     while now + S / 10 < burst_at + d {
         now += S / 10;
-        in_span.0 += u64::from(c.decide(&counter, Request::hits(1), now).allowed());
-        in_span.1 += u64::from(l.decide(&log, Request::hits(1), now).allowed());
+        in_span.0 += u64::from(c.decide(&counter, Cost::hits(1), now).allowed());
+        in_span.1 += u64::from(l.decide(&log, Cost::hits(1), now).allowed());
     }
     println!(
         "one sliding duration: log admitted {}, counter admitted {}",

@@ -105,7 +105,7 @@ impl Arithmetic for FixedWindow {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Algorithm, CalendarUnit, Period, Reason, Request, State};
+    use super::super::{Algorithm, CalendarUnit, Cost, Outcome, Period, State};
     use super::*;
 
     const S: u64 = 1_000_000_000;
@@ -114,13 +114,13 @@ mod tests {
     fn windows_are_epoch_aligned() {
         let sp = Spec::new(Algorithm::FixedWindow, 2, Period::Duration(10 * S), None).unwrap();
         let mut st = State::fresh(&sp, 13 * S);
-        assert!(st.decide(&sp, Request::hits(2), 13 * S).allowed());
-        let d = st.decide(&sp, Request::hits(1), 15 * S);
-        assert_eq!(d.reason, Reason::LimitExceeded);
+        assert!(st.decide(&sp, Cost::hits(2), 13 * S).allowed());
+        let d = st.decide(&sp, Cost::hits(1), 15 * S);
+        assert_eq!(d.reason, Outcome::LimitExceeded);
         assert_eq!(d.retry_after, Some(5 * S));
         assert_eq!(d.reset_at, 20 * S);
-        assert!(!st.decide(&sp, Request::hits(1), 20 * S - 1).allowed());
-        assert!(st.decide(&sp, Request::hits(1), 20 * S).allowed());
+        assert!(!st.decide(&sp, Cost::hits(1), 20 * S - 1).allowed());
+        assert!(st.decide(&sp, Cost::hits(1), 20 * S).allowed());
     }
 
     #[test]
@@ -136,9 +136,9 @@ mod tests {
         let leap_day = 1_709_208_000 * S;
         let march = 1_709_251_200 * S;
         let mut st = State::fresh(&sp, leap_day);
-        assert!(st.decide(&sp, Request::hits(1), leap_day).allowed());
-        let d = st.decide(&sp, Request::hits(1), leap_day);
+        assert!(st.decide(&sp, Cost::hits(1), leap_day).allowed());
+        let d = st.decide(&sp, Cost::hits(1), leap_day);
         assert_eq!(d.retry_after, Some(march - leap_day));
-        assert!(st.decide(&sp, Request::hits(1), march).allowed());
+        assert!(st.decide(&sp, Cost::hits(1), march).allowed());
     }
 }

@@ -133,7 +133,7 @@ impl Arithmetic for Gcra {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Algorithm, Period, Reason, Request, State};
+    use super::super::{Algorithm, Cost, Outcome, Period, State};
     use super::*;
 
     const S: u64 = 1_000_000_000;
@@ -148,14 +148,14 @@ mod tests {
         let sp = Spec::new(Algorithm::Gcra, 10, Period::Duration(60 * S), None).unwrap();
         let mut st = State::fresh(&sp, 0);
         for _ in 0..10 {
-            assert!(st.decide(&sp, Request::hits(1), 0).allowed());
+            assert!(st.decide(&sp, Cost::hits(1), 0).allowed());
         }
-        let d = st.decide(&sp, Request::hits(1), 0);
-        assert_eq!(d.reason, Reason::LimitExceeded);
+        let d = st.decide(&sp, Cost::hits(1), 0);
+        assert_eq!(d.reason, Outcome::LimitExceeded);
         assert_eq!(d.retry_after, Some(6 * S));
         assert_eq!(d.reset_at, 60 * S);
-        assert!(!st.decide(&sp, Request::hits(1), 6 * S - 1).allowed());
-        assert!(st.decide(&sp, Request::hits(1), 6 * S).allowed());
+        assert!(!st.decide(&sp, Cost::hits(1), 6 * S - 1).allowed());
+        assert!(st.decide(&sp, Cost::hits(1), 6 * S).allowed());
     }
 
     #[test]
@@ -164,10 +164,10 @@ mod tests {
         let limit = 4_000_000_000;
         let sp = Spec::new(Algorithm::Gcra, limit, Period::Duration(1_000_000), None).unwrap();
         let mut st = State::fresh(&sp, 0);
-        assert!(st.decide(&sp, Request::hits(limit), 0).allowed());
-        let d = st.decide(&sp, Request::hits(4_000), 0);
+        assert!(st.decide(&sp, Cost::hits(limit), 0).allowed());
+        let d = st.decide(&sp, Cost::hits(4_000), 0);
         assert_eq!(d.retry_after, Some(1));
-        assert!(st.decide(&sp, Request::hits(4_000), 1).allowed());
-        assert!(!st.decide(&sp, Request::hits(1), 1).allowed());
+        assert!(st.decide(&sp, Cost::hits(4_000), 1).allowed());
+        assert!(!st.decide(&sp, Cost::hits(1), 1).allowed());
     }
 }

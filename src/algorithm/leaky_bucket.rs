@@ -39,7 +39,7 @@ pub type LeakyBucket = Meter<Queue>;
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Algorithm, Period, Reason, Request, State};
+    use super::super::{Algorithm, Cost, Outcome, Period, State};
     use super::*;
 
     const S: u64 = 1_000_000_000;
@@ -49,12 +49,12 @@ mod tests {
         let sp = Spec::new(Algorithm::LeakyBucket, 10, Period::Duration(60 * S), None).unwrap();
         let mut st = State::fresh(&sp, 0);
         for i in 0..10 {
-            let d = st.decide(&sp, Request::hits(1), 0);
+            let d = st.decide(&sp, Cost::hits(1), 0);
             assert!(d.allowed());
             assert_eq!(d.delay, i * 6 * S, "request {i}");
         }
-        let d = st.decide(&sp, Request::hits(1), 0);
-        assert_eq!(d.reason, Reason::LimitExceeded);
+        let d = st.decide(&sp, Cost::hits(1), 0);
+        assert_eq!(d.reason, Outcome::LimitExceeded);
         assert_eq!(d.retry_after, Some(6 * S));
     }
 
@@ -62,7 +62,7 @@ mod tests {
     fn nodelay_admits_at_once_but_keeps_the_rate() {
         let sp = Spec::new(Algorithm::LeakyBucket, 2, Period::Duration(S), Some(4)).unwrap();
         let mut st = State::fresh(&sp, 0);
-        let nodelay = Request {
+        let nodelay = Cost {
             hits: 1,
             drain_over_limit: false,
             nodelay: true,

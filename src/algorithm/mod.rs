@@ -10,7 +10,7 @@
 //! - A request for more than is left is refused and consumes nothing, unless
 //!   `drain_over_limit`, which empties what is left.
 //! - A cost above the capacity can never pass: refused with
-//!   [`Reason::CostExceedsCapacity`] and no retry-after. `limit = 0` makes the
+//!   [`Outcome::CostExceedsCapacity`] and no retry-after. `limit = 0` makes the
 //!   capacity 0, so it denies everything.
 //! - `retry_after` is the *earliest* time the same request would be admitted
 //!   (after any drain): refused one nanosecond before it, admitted exactly at it.
@@ -49,7 +49,7 @@ pub type Nanos = u64;
 
 /// One request against a key: its cost and behaviour flags.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Request {
+pub struct Cost {
     /// Cost of the request; 0 reads without consuming.
     pub hits: u64,
     /// On refusal, consume whatever is left (`remaining` becomes 0).
@@ -58,10 +58,10 @@ pub struct Request {
     pub nodelay: bool,
 }
 
-impl Request {
+impl Cost {
     /// A plain request of `hits`.
-    pub fn hits(hits: u64) -> Request {
-        Request {
+    pub fn hits(hits: u64) -> Cost {
+        Cost {
             hits,
             drain_over_limit: false,
             nodelay: false,
@@ -71,7 +71,7 @@ impl Request {
 
 /// Why a decision came out as it did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Reason {
+pub enum Outcome {
     WithinLimit,
     LimitExceeded,
     /// The cost is larger than the capacity: it can never pass.
@@ -81,14 +81,14 @@ pub enum Reason {
 /// The answer to one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Decision {
-    pub reason: Reason,
+    pub reason: Outcome,
     /// The configured limit (per period).
     pub limit: u64,
     /// Whole hits still available after this decision, rounded down.
     pub remaining: u64,
     /// When the key is back to a fresh state (bucket full, window over).
     pub reset_at: Nanos,
-    /// On [`Reason::LimitExceeded`]: nanoseconds from `now` until the same
+    /// On [`Outcome::LimitExceeded`]: nanoseconds from `now` until the same
     /// request would be admitted.
     pub retry_after: Option<Nanos>,
     /// Leaky bucket: how long the caller should wait before acting, so the
@@ -98,7 +98,7 @@ pub struct Decision {
 
 impl Decision {
     pub fn allowed(&self) -> bool {
-        self.reason == Reason::WithinLimit
+        self.reason == Outcome::WithinLimit
     }
 }
 
@@ -144,7 +144,7 @@ pub(crate) trait Arithmetic: Clone + Sized {
 }
 
 /// The common decision rules over one algorithm's arithmetic.
-fn decide<A: Arithmetic>(state: &mut A, spec: &Spec, req: Request, now: Nanos) -> Decision {
+fn decide<A: Arithmetic>(state: &mut A, spec: &Spec, req: Cost, now: Nanos) -> Decision {
     let t = state.settle(spec, now);
     let answer = |state: &A, reason, retry_after, delay| Decision {
         reason,
@@ -155,25 +155,25 @@ fn decide<A: Arithmetic>(state: &mut A, spec: &Spec, req: Request, now: Nanos) -
         delay,
     };
     if req.hits == 0 {
-        return answer(state, Reason::WithinLimit, None, 0);
+        return answer(state, Outcome::WithinLimit, None, 0);
     }
     if req.hits > spec.capacity() {
         if req.drain_over_limit {
             state.drain(spec, t);
         }
-        return answer(state, Reason::CostExceedsCapacity, None, 0);
+        return answer(state, Outcome::CostExceedsCapacity, None, 0);
     }
     if state.fits(spec, req.hits, t) {
         let delay = if req.nodelay { 0 } else { state.delay(spec, t) };
         state.take(spec, req.hits, t);
-        return answer(state, Reason::WithinLimit, None, delay);
+        return answer(state, Outcome::WithinLimit, None, delay);
     }
     if req.drain_over_limit {
         state.drain(spec, t);
     }
     // After any drain: the answer is about the state the caller leaves.
     let retry_after = state.earliest(spec, req.hits, t).saturating_sub(now);
-    answer(state, Reason::LimitExceeded, Some(retry_after), 0)
+    answer(state, Outcome::LimitExceeded, Some(retry_after), 0)
 }
 
 /// The state of one key, for whichever algorithm it uses.
@@ -243,7 +243,7 @@ impl State {
 
     /// Decide one request. `spec` must be the spec this state was built
     /// for (use [`Limited`] to follow limit changes).
-    pub fn decide(&mut self, spec: &Spec, req: Request, now: Nanos) -> Decision {
+    pub fn decide(&mut self, spec: &Spec, req: Cost, now: Nanos) -> Decision {
         debug_assert_eq!(self.algorithm(), spec.algorithm());
         dispatch!(self, s => decide(s, spec, req, now))
     }
@@ -295,7 +295,7 @@ impl State {
 
     /// Whole hits available at `now`, without consuming.
     pub fn remaining(&self, spec: &Spec, now: Nanos) -> u64 {
-        self.clone().decide(spec, Request::hits(0), now).remaining
+        self.clone().decide(spec, Cost::hits(0), now).remaining
     }
 
     /// The time after which this state is the same as a fresh one, so the
@@ -401,7 +401,7 @@ impl Limited {
     /// what was consumed. A `limit = 0` spec denies without converting, so
     /// consumption survives a temporary deny-all; a key that only ever had a
     /// deny-all spec has consumed nothing and starts fresh under a real one.
-    pub fn decide(&mut self, spec: &Spec, req: Request, now: Nanos) -> Decision {
+    pub fn decide(&mut self, spec: &Spec, req: Cost, now: Nanos) -> Decision {
         if spec.limit() == 0 {
             let mut probe = State::fresh(spec, now);
             return probe.decide(spec, req, now);

@@ -92,7 +92,7 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::{Period, Request};
+    use crate::algorithm::{Cost, Period};
 
     #[test]
     fn every_state_round_trips() {
@@ -100,7 +100,7 @@ mod tests {
             let spec = Spec::new(algorithm, 5, Period::Duration(1_000), None).unwrap();
             let mut state = State::fresh(&spec, 10);
             for t in [10, 11, 500] {
-                state.decide(&spec, Request::hits(2), t);
+                state.decide(&spec, Cost::hits(2), t);
             }
             let back = State::from_parts(&spec, state.to_parts()).unwrap();
             assert_eq!(back, state, "{algorithm}");

@@ -228,7 +228,7 @@ impl Arithmetic for SlidingLog {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Algorithm, Period, Reason, Request, State};
+    use super::super::{Algorithm, Cost, Outcome, Period, State};
     use super::*;
 
     const S: u64 = 1_000_000_000;
@@ -243,14 +243,14 @@ mod tests {
         )
         .unwrap();
         let mut st = State::fresh(&sp, 0);
-        assert!(st.decide(&sp, Request::hits(1), S).allowed());
-        assert!(st.decide(&sp, Request::hits(2), 4 * S).allowed());
-        let d = st.decide(&sp, Request::hits(2), 5 * S);
-        assert_eq!(d.reason, Reason::LimitExceeded);
+        assert!(st.decide(&sp, Cost::hits(1), S).allowed());
+        assert!(st.decide(&sp, Cost::hits(2), 4 * S).allowed());
+        let d = st.decide(&sp, Cost::hits(2), 5 * S);
+        assert_eq!(d.reason, Outcome::LimitExceeded);
         // Needs both entries gone: the one at 4 s expires at 14 s.
         assert_eq!(d.retry_after, Some(9 * S));
-        assert_eq!(st.decide(&sp, Request::hits(1), 11 * S - 1).remaining, 0);
-        assert_eq!(st.decide(&sp, Request::hits(0), 11 * S).remaining, 1);
+        assert_eq!(st.decide(&sp, Cost::hits(1), 11 * S - 1).remaining, 0);
+        assert_eq!(st.decide(&sp, Cost::hits(0), 11 * S).remaining, 1);
     }
 
     #[test]

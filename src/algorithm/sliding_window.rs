@@ -165,7 +165,7 @@ impl Arithmetic for SlidingWindow {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Algorithm, Period, Reason, Request, State};
+    use super::super::{Algorithm, Cost, Outcome, Period, State};
     use super::*;
 
     const S: u64 = 1_000_000_000;
@@ -180,16 +180,16 @@ mod tests {
         )
         .unwrap();
         let mut st = State::fresh(&sp, 0);
-        assert!(st.decide(&sp, Request::hits(10), 0).allowed());
+        assert!(st.decide(&sp, Cost::hits(10), 0).allowed());
         // At 15 s half of the previous window overlaps: estimate 5.
-        let d = st.decide(&sp, Request::hits(0), 15 * S);
+        let d = st.decide(&sp, Cost::hits(0), 15 * S);
         assert_eq!(d.remaining, 5);
-        assert!(st.decide(&sp, Request::hits(5), 15 * S).allowed());
-        let d = st.decide(&sp, Request::hits(1), 15 * S);
-        assert_eq!(d.reason, Reason::LimitExceeded);
+        assert!(st.decide(&sp, Cost::hits(5), 15 * S).allowed());
+        let d = st.decide(&sp, Cost::hits(1), 15 * S);
+        assert_eq!(d.reason, Outcome::LimitExceeded);
         // 10 × (10 − e)/10 + 5 + 1 ≤ 10  ⟺  e ≥ 6 s.
         assert_eq!(d.retry_after, Some(S));
-        assert!(!st.decide(&sp, Request::hits(1), 16 * S - 1).allowed());
-        assert!(st.decide(&sp, Request::hits(1), 16 * S).allowed());
+        assert!(!st.decide(&sp, Cost::hits(1), 16 * S - 1).allowed());
+        assert!(st.decide(&sp, Cost::hits(1), 16 * S).allowed());
     }
 }

@@ -34,7 +34,7 @@ pub type TokenBucket = Meter<Refill>;
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Algorithm, Decision, Period, Reason, Request, State};
+    use super::super::{Algorithm, Cost, Decision, Outcome, Period, State};
     use super::*;
 
     const S: u64 = 1_000_000_000;
@@ -44,7 +44,7 @@ mod tests {
     }
 
     fn run(state: &mut State, spec: &Spec, hits: u64, now: Nanos) -> Decision {
-        state.decide(spec, Request::hits(hits), now)
+        state.decide(spec, Cost::hits(hits), now)
     }
 
     #[test]
@@ -57,7 +57,7 @@ mod tests {
             assert_eq!(d.remaining, 9 - i);
         }
         let d = run(&mut st, &sp, 1, 0);
-        assert_eq!(d.reason, Reason::LimitExceeded);
+        assert_eq!(d.reason, Outcome::LimitExceeded);
         assert_eq!(d.retry_after, Some(6 * S));
         assert_eq!(d.reset_at, 60 * S);
         assert!(!run(&mut st, &sp, 1, 6 * S - 1).allowed());
@@ -70,7 +70,7 @@ mod tests {
         let mut st = State::fresh(&sp, 0);
         assert!(run(&mut st, &sp, 3, 100 * S).allowed());
         let d = run(&mut st, &sp, 4, 100 * S);
-        assert_eq!(d.reason, Reason::CostExceedsCapacity);
+        assert_eq!(d.reason, Outcome::CostExceedsCapacity);
         assert_eq!(d.retry_after, None);
     }
 

@@ -11,11 +11,14 @@
 //!
 //! Golden vectors in the tests freeze the mapping.
 //!
-//! Why not the `hashring` crate: it positions nodes and keys through
-//! `std::hash::Hash` and a `BuildHasher`, with its own scheme for naming
-//! virtual nodes, so matching the positions above would take an identity
-//! hasher fed pre-hashed values — more code and more surprise than the
-//! sorted vector and binary search below.
+//! Why not the `hashring` crate: not its hashing — its positions *could*
+//! match these (any `BuildHasher`, e.g. xxhash-rust's `Xxh3Builder`, and a
+//! `Hash` impl that writes exactly the frozen bytes). What it lacks is what
+//! the cluster needs: the successor that is a *distinct* member (replicas),
+//! and ranges of the ring (which keys a view change moves, for the
+//! ownership transfer); and `get_with_replicas` clones the whole ring per
+//! call. So the ring is this sorted vector with a binary search, frozen by
+//! the golden vectors.
 
 use std::fmt;
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::{Check, ItemError, LimitRef, Limiter, Verdict};
-use crate::algorithm::{Algorithm, Bounds, Request};
+use crate::algorithm::{Algorithm, Bounds, Cost};
 use crate::policy::OnOwnerUnreachable;
 use crate::policy::rules::{self, Found, RuleLimit, Rules, Unit};
 
@@ -107,7 +107,7 @@ impl Limiter {
                 name: format!("envoy:{domain}"),
                 unique_key,
                 limit: LimitRef::Rule(found.limit.clone()),
-                request: Request {
+                request: Cost {
                     hits: d.hits.unwrap_or(hits),
                     drain_over_limit: found.limit.drain_over_limit,
                     nodelay: false,

@@ -27,7 +27,7 @@ impl Limiter {
             OnOwnerUnreachable::Allow => {
                 metrics.cluster.fallback("allow");
                 let decision = Decision {
-                    reason: algorithm::Reason::WithinLimit,
+                    reason: algorithm::Outcome::WithinLimit,
                     limit: r.spec.limit(),
                     remaining: 0,
                     reset_at: now,
@@ -50,7 +50,7 @@ impl Limiter {
                         // This node owned the key (a copy — after a rejoin,
                         // say — is not its count): its own count is the seed.
                         let seen = Decision {
-                            reason: algorithm::Reason::WithinLimit,
+                            reason: algorithm::Outcome::WithinLimit,
                             limit: r.spec.limit(),
                             remaining,
                             reset_at: now,
@@ -77,7 +77,7 @@ impl Limiter {
             status: reason.status(),
             reason,
             decision: Decision {
-                reason: algorithm::Reason::LimitExceeded,
+                reason: algorithm::Outcome::LimitExceeded,
                 limit: r.spec.limit(),
                 remaining: 0,
                 reset_at: self.now(),

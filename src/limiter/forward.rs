@@ -9,8 +9,7 @@
 use std::sync::Arc;
 
 use super::{Limiter, Resolved, Topology, Verdict};
-use crate::cluster;
-use crate::proto::peer as pb;
+use crate::cluster::peers::{Forward, ForwardError, Forwarded, TieredAsk};
 use crate::store::key;
 
 impl Limiter {
@@ -33,20 +32,19 @@ impl Limiter {
         r: &Resolved<'_>,
         owner: Arc<str>,
         t: &Topology,
-        ask: Option<pb::TieredAsk>,
+        ask: Option<TieredAsk>,
         deadline: tokio::time::Instant,
     ) -> (Verdict, Option<(u64, u64)>) {
         let peers = &self.shared.peers;
         let budget = super::route::budget_left(deadline).as_nanos() as u64;
-        let mut item = pb::ForwardItem {
+        let mut item = Forward {
             name: r.check.name.clone(),
             unique_key: r.check.unique_key.clone(),
-            limit: Some(cluster::peers::codec::limit_to_wire(&r.spec)),
+            spec: r.spec,
             hits: r.check.request.hits,
             drain_over_limit: r.check.request.drain_over_limit,
             nodelay: r.check.request.nodelay,
             redirected: false,
-            // For protocol-2 owners, which read an absolute deadline.
             deadline_ns: self.now().saturating_add(budget),
             tiered: ask,
             budget_ns: budget,
@@ -68,39 +66,31 @@ impl Limiter {
             if item.budget_ns == 0 {
                 break;
             }
-            let call = peers.forward(&target, item.clone(), r.check.unbatched);
+            let call = peers.forward(&target, &item, r.check.unbatched);
             let Ok(result) = tokio::time::timeout_at(deadline, call).await else {
                 tracing::debug!(peer = %target, "forward: the caller's deadline passed");
                 break;
             };
-            match result.map(|res| res.result) {
-                Ok(Some(pb::forward_result::Result::Decision(d))) => {
-                    match cluster::peers::codec::decision_from_wire(&d) {
-                        Ok(decision) => {
-                            let now = self.now();
-                            key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
-                                self.shared
-                                    .leases
-                                    .observe(k, &r.spec, &decision, d.reset_gen, now)
-                            });
-                            let grant = d.grant.map(|g| (g.amount, g.ttl_ns));
-                            let verdict = self.verdict(
-                                r,
-                                decision,
-                                Arc::from(d.owner.as_str()),
-                                d.approximate,
-                            );
-                            return (verdict, grant);
-                        }
-                        Err(e) => {
-                            tracing::warn!(peer = %target, error = %e, "malformed decision from a peer");
-                            break;
-                        }
-                    }
+            match result {
+                Ok(Forwarded::Decided {
+                    decision,
+                    approximate,
+                    grant,
+                    reset_gen,
+                }) => {
+                    let now = self.now();
+                    key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
+                        self.shared
+                            .leases
+                            .observe(k, &r.spec, &decision, reset_gen, now)
+                    });
+                    // The node asked answered: it is the owner.
+                    let verdict = self.verdict(r, decision, target, approximate);
+                    return (verdict, grant);
                 }
-                Ok(Some(pb::forward_result::Result::Redirect(to))) => {
+                Ok(Forwarded::Redirect(to)) => {
                     item.redirected = true;
-                    if *to.node_id == *self.shared.node_id {
+                    if *to == *self.shared.node_id {
                         // Its ring names this node; this node's names it.
                         // Whichever lags, follow this node's ring when it
                         // has caught up.
@@ -120,12 +110,16 @@ impl Limiter {
                             _ => return (self.decide_rerouted(r, deadline).await, None),
                         }
                     } else {
-                        target = Arc::from(to.node_id.as_str());
+                        target = to;
                     }
                 }
                 Ok(other) => {
                     // An expired or unavailable answer.
                     tracing::debug!(peer = %target, answer = ?other, "forward not decided");
+                    break;
+                }
+                Err(e @ ForwardError::BadAnswer { .. }) => {
+                    tracing::warn!(error = %e, "forward answered badly");
                     break;
                 }
                 Err(e) => {

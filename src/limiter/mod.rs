@@ -39,15 +39,13 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+pub use crate::cluster::peers::{Forwarded, ReportOutcome};
 /// What the limiter's admin API returns, and the key encoding peers name
 /// keys by: the store's types, as the limiter hands them to services.
 pub use crate::store::key::encode as encode_key;
 pub use crate::store::{TopBy, View};
 pub use tiered::Ask;
-pub use types::{
-    Absorb, Check, Forwarded, ItemError, LimitRef, Mode, Path, Reason, ReportOutcome, Status,
-    Verdict,
-};
+pub use types::{Absorb, Check, ItemError, LimitRef, Mode, Path, Reason, Status, Verdict};
 
 use crate::algorithm::{self, Decision, Nanos, Spec};
 use crate::clock::SharedClock;
@@ -69,7 +67,7 @@ const YIELD_EVERY: usize = 64;
 #[derive(Clone, Debug)]
 pub struct ClusterSettings {
     /// Tiered mode: how allotments are sized and kept.
-    pub tiered: crate::tiered::Terms,
+    pub tiered: crate::lease::tiered::Terms,
     /// Tiered mode: keys with allotments (as an edge) and ledgers (as an owner).
     pub tiered_max_keys: usize,
     /// How long a member may stay silent in an ownership transfer before
@@ -209,7 +207,7 @@ impl Limiter {
         let rejoined = view.self_generation != old.generation;
         let changed = old.ring.epoch() != view.ring.epoch() || rejoined || old.view == 0;
         let live = view.live();
-        self.shared.peers.sync(&view.ring, &live);
+        self.shared.peers.follow(&view.ring, &live);
         // Who can hold counts this node may now own: members ready or
         // leaving (a joining member is new, or rejoining with copies only)
         // that speak a protocol this node can ask.
@@ -436,10 +434,10 @@ impl Limiter {
         approximate: bool,
     ) -> Verdict {
         let reason = match decision.reason {
-            algorithm::Reason::WithinLimit => Reason::WithinLimit,
+            algorithm::Outcome::WithinLimit => Reason::WithinLimit,
             _ if r.shadow => Reason::Shadow,
-            algorithm::Reason::LimitExceeded => Reason::LimitExceeded,
-            algorithm::Reason::CostExceedsCapacity => Reason::CostExceedsCapacity,
+            algorithm::Outcome::LimitExceeded => Reason::LimitExceeded,
+            algorithm::Outcome::CostExceedsCapacity => Reason::CostExceedsCapacity,
         };
         self.shared.metrics.decisions.count(&r.label, reason);
         Verdict {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::route::{ROUNDS, Route};
 use super::{Ask, Check, Forwarded, Limiter, Mode, Resolved, Topology, Verdict};
-use crate::algorithm::{Decision, Nanos, Request, Spec};
+use crate::algorithm::{Cost, Decision, Nanos, Spec};
 use crate::cluster::peers::Pulled;
 use crate::store::{Holding, Seed, Stale, key};
 
@@ -43,7 +43,7 @@ impl Limiter {
         &self,
         k: &[u8],
         spec: &Spec,
-        req: Request,
+        req: Cost,
         t: &Topology,
         now: Nanos,
     ) -> Result<Decision, Stale> {

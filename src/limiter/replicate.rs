@@ -14,8 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::Limiter;
-use crate::cluster::peers::codec as wire;
-use crate::proto::peer as pb;
+use crate::cluster::peers::{Outgoing, SyncKind, codec as wire};
 use crate::store::{Holding, Snapshot};
 
 /// What a leaving node handed off.
@@ -26,7 +25,7 @@ pub struct Handoff {
 }
 
 /// Keys and their states on the way to one peer.
-type Outbox = Vec<(Arc<[u8]>, pb::KeyState)>;
+type Outbox = Vec<(Arc<[u8]>, Outgoing)>;
 
 /// States per replication or handoff RPC, and the bytes one may reach (a
 /// peer refuses a message above its 4 MiB bound).
@@ -35,12 +34,11 @@ const BATCH_BYTES: usize = 1 << 20;
 
 /// Split states into RPCs of at most [`BATCH`] states and about
 /// [`BATCH_BYTES`] bytes (one state at least).
-fn chunk_by_bytes<T>(states: &[T], state: impl Fn(&T) -> &pb::KeyState) -> Vec<&[T]> {
-    use prost::Message;
+fn chunk_by_bytes<T>(states: &[T], state: impl Fn(&T) -> &Outgoing) -> Vec<&[T]> {
     let mut out = Vec::new();
     let (mut start, mut bytes) = (0, 0);
     for (i, s) in states.iter().enumerate() {
-        let size = state(s).encoded_len();
+        let size = state(s).size();
         if i > start && (i - start >= BATCH || bytes + size > BATCH_BYTES) {
             out.push(&states[start..i]);
             start = i;
@@ -75,19 +73,19 @@ impl Limiter {
         let taken = self.shared.store.take_changed(max);
         let (changed, oldest) = (taken.states, taken.oldest);
         let since = oldest.unwrap_or_else(Instant::now);
-        let mut by_target: HashMap<(Arc<str>, pb::SyncKind), Outbox> = HashMap::new();
+        let mut by_target: HashMap<(Arc<str>, SyncKind), Outbox> = HashMap::new();
         for (k, snapshot) in changed {
             let target = match t.ring.owner(&k) {
                 Some(o) if o.node_id == self.shared.node_id => {
-                    t.ring.successor(&k).map(|m| (m, pb::SyncKind::Replica))
+                    t.ring.successor(&k).map(|m| (m, SyncKind::Replica))
                 }
-                Some(o) => Some((o, pb::SyncKind::Handoff)),
+                Some(o) => Some((o, SyncKind::Handoff)),
                 None => None,
             };
             let Some((to, kind)) = target.filter(|(m, _)| m.protocol >= 2) else {
                 continue;
             };
-            if let Some(state) = wire::snapshot_to_wire(&k, &snapshot) {
+            if let Some(state) = wire::outgoing(&k, &snapshot) {
                 by_target
                     .entry((to.node_id.clone(), kind))
                     .or_default()
@@ -98,13 +96,13 @@ impl Limiter {
         let mut sent = 0;
         for ((to, kind), states) in by_target {
             for chunk in chunk_by_bytes(&states, |(_, s)| s) {
-                let batch = chunk.iter().map(|(_, s)| s.clone()).collect();
-                match peers.sync_states(&to, kind, batch).await {
+                let batch: Vec<Outgoing> = chunk.iter().map(|(_, s)| s.clone()).collect();
+                match peers.push_states(&to, kind, &batch).await {
                     Ok(_) => {
                         sent += chunk.len();
                         let counter = match kind {
-                            pb::SyncKind::Replica => &metrics.replicated,
-                            _ => &metrics.handed_off,
+                            SyncKind::Replica => &metrics.replicated,
+                            SyncKind::Handoff => &metrics.handed_off,
                         };
                         counter.inc_by(chunk.len() as u64);
                     }
@@ -153,11 +151,11 @@ impl Limiter {
         let mut report = Handoff::default();
         let metrics = &self.shared.metrics.cluster;
         for (owner, keys) in holdings.remaining().unwrap_or_default() {
-            let states: Vec<pb::KeyState> = keys
+            let states: Vec<Outgoing> = keys
                 .iter()
                 .filter_map(|k| {
                     let (snapshot, _) = self.shared.store.take(k)?;
-                    wire::snapshot_to_wire(k, &snapshot)
+                    wire::outgoing(k, &snapshot)
                 })
                 .collect();
             report.keys += states.len();
@@ -170,10 +168,7 @@ impl Limiter {
                     );
                     return report;
                 }
-                match peers
-                    .sync_states(&owner, pb::SyncKind::Handoff, chunk.to_vec())
-                    .await
-                {
+                match peers.push_states(&owner, SyncKind::Handoff, chunk).await {
                     Ok(_) => {
                         report.confirmed += chunk.len();
                         metrics.handed_off.inc_by(chunk.len() as u64);

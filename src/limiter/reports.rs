@@ -12,10 +12,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{Absorb, Limiter, ReportOutcome, Topology};
-use crate::cluster;
 use crate::cluster::peers::ForwardError;
 use crate::lease::Report;
-use crate::proto::peer as pb;
 use crate::store::{Absorbed, key};
 
 /// Reports per call, and the bytes a call may reach.
@@ -79,29 +77,11 @@ impl Limiter {
     /// acknowledged.
     async fn send_reports(&self, owner: &str, reports: &[Report]) -> usize {
         let leases = &self.shared.leases;
-        let items = reports
-            .iter()
-            .filter_map(|rep| {
-                let (name, unique_key) = key::decode(&rep.key)?;
-                Some(pb::ReportItem {
-                    name: name.to_string(),
-                    unique_key: unique_key.to_string(),
-                    limit: Some(cluster::peers::codec::limit_to_wire(&rep.spec)),
-                    seq: rep.seq,
-                    hits: rep.hits,
-                    at_ns: rep.at,
-                    reset_gen: rep.reset_gen,
-                })
-            })
-            .collect();
-        match self.shared.peers.report(owner, items).await {
+        match self.shared.peers.report(owner, reports).await {
             Ok(outcomes) => {
                 let mut acked = 0;
                 for (rep, o) in reports.iter().zip(outcomes) {
-                    let done = o == pb::ReportOutcome::Applied as i32
-                        || o == pb::ReportOutcome::Duplicate as i32
-                        || o == pb::ReportOutcome::Stale as i32;
-                    if done {
+                    if o.acknowledged() {
                         leases.acknowledge(rep);
                         acked += 1;
                     }

@@ -1,4 +1,4 @@
-//! Tiered mode in the request path (the arithmetic is in `crate::tiered`).
+//! Tiered mode in the request path (the arithmetic is in `crate::lease::tiered`).
 //!
 //! Edge: a tiered check on a key another node owns is first offered to this
 //! node's allotment — admitted with no hop while it lasts, the hits queued
@@ -17,9 +17,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{Limiter, Path, Resolved, Topology, Verdict};
-use crate::algorithm::{self, Decision, Nanos, Request, Spec};
+use crate::algorithm::{self, Cost, Decision, Nanos, Spec};
+use crate::lease::tiered::{Allotments, Grant, Ledger, Local, Terms};
 use crate::store::{Seed, Stale, key};
-use crate::tiered::{Allotments, Grant, Ledger, Local, Terms};
 
 /// A slow-path ask, as the owner receives it.
 #[derive(Clone, Debug)]
@@ -163,7 +163,7 @@ impl Limiter {
         &self,
         r: &Resolved<'_>,
         owner: Arc<str>,
-    ) -> Result<Verdict, (Arc<str>, crate::proto::peer::TieredAsk)> {
+    ) -> Result<Verdict, (Arc<str>, crate::cluster::peers::TieredAsk)> {
         let now = self.now();
         let hits = r.check.request.hits;
         let local = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
@@ -187,7 +187,7 @@ impl Limiter {
                     .get_or_create(&vec![("path", Path::LocalAllotment.name())])
                     .inc();
                 let decision = Decision {
-                    reason: algorithm::Reason::WithinLimit,
+                    reason: algorithm::Outcome::WithinLimit,
                     limit: r.spec.limit(),
                     remaining: left,
                     reset_at: now.saturating_add(super::period_ns(&r.spec)),
@@ -205,9 +205,9 @@ impl Limiter {
                     .inc();
                 let decision = Decision {
                     reason: if hits > r.spec.capacity() {
-                        algorithm::Reason::CostExceedsCapacity
+                        algorithm::Outcome::CostExceedsCapacity
                     } else {
-                        algorithm::Reason::LimitExceeded
+                        algorithm::Outcome::LimitExceeded
                     },
                     limit: r.spec.limit(),
                     remaining: 0,
@@ -220,7 +220,7 @@ impl Limiter {
                 Ok(v)
             }
             Local::Ask { demand, unused } => {
-                Err((owner, crate::proto::peer::TieredAsk { demand, unused }))
+                Err((owner, crate::cluster::peers::TieredAsk { demand, unused }))
             }
         }
     }
@@ -231,7 +231,7 @@ impl Limiter {
         r: &Resolved<'_>,
         owner: Arc<str>,
         t: &Topology,
-        ask: crate::proto::peer::TieredAsk,
+        ask: crate::cluster::peers::TieredAsk,
         deadline: tokio::time::Instant,
     ) -> Verdict {
         let (mut v, grant) = self.forward_asking(r, owner, t, Some(ask), deadline).await;
@@ -271,15 +271,15 @@ impl Limiter {
             match local {
                 Local::Admitted { .. } => {
                     let d = self.decide_unreserved(k, &r.spec, req, t, now)?;
-                    if d.reason == algorithm::Reason::WithinLimit {
+                    if d.reason == algorithm::Outcome::WithinLimit {
                         self.tiers().reported(k, &me, req.hits);
                     }
                     Ok(d)
                 }
                 Local::Refused { retry_after } => {
-                    let peek = Request { hits: 0, ..req };
+                    let peek = Cost { hits: 0, ..req };
                     let mut d = self.decide_unreserved(k, &r.spec, peek, t, now)?;
-                    d.reason = algorithm::Reason::LimitExceeded;
+                    d.reason = algorithm::Outcome::LimitExceeded;
                     d.remaining = 0;
                     d.retry_after = Some(retry_after);
                     Ok(d)
@@ -311,7 +311,7 @@ impl Limiter {
         &self,
         k: &[u8],
         spec: &Spec,
-        req: Request,
+        req: Cost,
         t: &Topology,
         now: Nanos,
     ) -> Result<Decision, Stale> {
@@ -331,7 +331,7 @@ impl Limiter {
         &self,
         k: &[u8],
         spec: &Spec,
-        req: Request,
+        req: Cost,
         t: &Topology,
         now: Nanos,
         ask: Option<&Ask>,
@@ -354,7 +354,7 @@ impl Limiter {
         // itself refuses meanwhile.
         let waiting = ask.is_some_and(|a| ledger.waiting(&a.edge, now));
         let reserved = ledger.reserved(now, &terms);
-        let peek = Request {
+        let peek = Cost {
             hits: 0,
             drain_over_limit: false,
             nodelay: true,
@@ -377,9 +377,9 @@ impl Limiter {
                 // Within the limit, but not within what the promises leave.
                 let mut refused = seen;
                 refused.reason = if req.hits > spec.capacity() {
-                    algorithm::Reason::CostExceedsCapacity
+                    algorithm::Outcome::CostExceedsCapacity
                 } else {
-                    algorithm::Reason::LimitExceeded
+                    algorithm::Outcome::LimitExceeded
                 };
                 refused.retry_after = None;
                 refused

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::algorithm::{Decision, Request, Spec};
+use crate::algorithm::{Cost, Decision, Spec};
 pub use crate::policy::Mode;
 use crate::policy::OnOwnerUnreachable;
 pub use crate::verdict::{Reason, Status};
@@ -22,7 +22,7 @@ pub struct Check {
     pub name: String,
     pub unique_key: String,
     pub limit: LimitRef,
-    pub request: Request,
+    pub request: Cost,
     /// Forward at once instead of waiting for a batch (latency over throughput).
     pub unbatched: bool,
     /// Overrides the policy's choice when the owner is unreachable.
@@ -53,28 +53,6 @@ impl Path {
             Path::Fallback => "fallback",
         }
     }
-}
-
-/// What an owner does with a forwarded item.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Forwarded {
-    /// Decided by this node, the key's owner.
-    Decided {
-        decision: Decision,
-        approximate: bool,
-        /// Tiered mode: the asking edge's next allotment, `(amount, ttl)`.
-        grant: Option<(u64, crate::algorithm::Nanos)>,
-        /// The key's reset generation here (edges report under it).
-        reset_gen: u64,
-    },
-    /// Not the owner by this node's ring: this node is.
-    Redirect(Arc<str>),
-    /// Arrived past its deadline: dropped, nothing consumed.
-    Expired,
-    /// This node cannot decide it now (not ready, away, or only a member it
-    /// cannot reach could hold the count): nothing consumed; the edge
-    /// decides without the owner.
-    Unavailable,
 }
 
 /// The answer to one check.
@@ -108,42 +86,6 @@ impl ItemError {
             field,
             message: message.into(),
         }
-    }
-}
-
-/// What an owner did with an edge's lease report.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReportOutcome {
-    Applied,
-    /// Already applied: a retry, not counted again.
-    Duplicate,
-    /// Not this node's key: the edge sends it to the owner.
-    NotOwner,
-    /// Not yet: the key is still coming to this node from its previous
-    /// holders (or this node may own nothing right now). Resent later; not
-    /// a failure.
-    Retry,
-    /// Spent before the key's last reset: dropped.
-    Stale,
-}
-
-impl ReportOutcome {
-    pub fn name(self) -> &'static str {
-        match self {
-            ReportOutcome::Applied => "applied",
-            ReportOutcome::Duplicate => "duplicate",
-            ReportOutcome::NotOwner => "not_owner",
-            ReportOutcome::Retry => "retry",
-            ReportOutcome::Stale => "stale",
-        }
-    }
-
-    /// The edge may forget the report.
-    pub fn acknowledged(self) -> bool {
-        matches!(
-            self,
-            ReportOutcome::Applied | ReportOutcome::Duplicate | ReportOutcome::Stale
-        )
     }
 }
 

@@ -46,7 +46,7 @@ pub enum Mode {
     /// Every decision by the key's owner.
     #[default]
     Exact,
-    /// Hot keys: spend an allotment from the owner locally (`crate::tiered`).
+    /// Hot keys: spend an allotment from the owner locally (`crate::lease::tiered`).
     Tiered,
 }
 

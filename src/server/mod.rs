@@ -206,7 +206,7 @@ impl Node {
             settings: ClusterSettings {
                 handoff_timeout: cluster.handoff_timeout,
                 budget: cluster.forward_timeout,
-                tiered: crate::tiered::Terms {
+                tiered: crate::lease::tiered::Terms {
                     ttl: cluster.tiered_allotment_ttl.as_nanos() as u64,
                     // Reports of an allotment's last hits may take a few
                     // report rounds to arrive: keep it reserved that long.

@@ -5,12 +5,10 @@ use std::time::Duration;
 
 use tonic::{Request, Response, Status};
 
-use crate::algorithm::{Bounds, Request as Cost};
+use crate::algorithm::{Bounds, Cost};
 use crate::cluster::auth::{Secret, TOKEN_HEADER};
 use crate::cluster::peers::codec as wire;
-use crate::limiter::{
-    Absorb, Ask, Check, Forwarded, ForwardedItem, LimitRef, Limiter, Mode, ReportOutcome,
-};
+use crate::limiter::{Absorb, Ask, Check, ForwardedItem, LimitRef, Limiter, Mode};
 use crate::proto::PEER_PROTOCOL_VERSION;
 use crate::proto::peer as pb;
 use crate::proto::peer::peer_server::Peer;
@@ -133,38 +131,6 @@ impl PeerService {
     }
 }
 
-fn outcome_to_wire(o: ReportOutcome) -> pb::ReportOutcome {
-    match o {
-        ReportOutcome::Applied => pb::ReportOutcome::Applied,
-        ReportOutcome::Duplicate => pb::ReportOutcome::Duplicate,
-        ReportOutcome::NotOwner => pb::ReportOutcome::NotOwner,
-        ReportOutcome::Retry => pb::ReportOutcome::Retry,
-        ReportOutcome::Stale => pb::ReportOutcome::Stale,
-    }
-}
-
-fn forwarded_to_wire(f: Forwarded, owner: &str) -> pb::forward_result::Result {
-    use pb::forward_result::Result as R;
-    match f {
-        Forwarded::Decided {
-            decision,
-            approximate,
-            grant,
-            reset_gen,
-        } => {
-            let mut d = wire::decision_to_wire(&decision, owner, approximate);
-            d.grant = grant.map(|(amount, ttl_ns)| pb::Grant { amount, ttl_ns });
-            d.reset_gen = reset_gen;
-            R::Decision(d)
-        }
-        Forwarded::Redirect(node_id) => R::Redirect(pb::Redirect {
-            node_id: node_id.to_string(),
-        }),
-        Forwarded::Expired => R::Expired(pb::Expired {}),
-        Forwarded::Unavailable => R::Unavailable(pb::Unavailable {}),
-    }
-}
-
 #[tonic::async_trait]
 impl Peer for PeerService {
     async fn forward(
@@ -195,7 +161,7 @@ impl Peer for PeerService {
             .into_iter()
             .zip(self.limiter.decide_forwarded(valid).await)
         {
-            results[i] = Some(forwarded_to_wire(f, &owner));
+            results[i] = Some(wire::forwarded_to_wire(f, &owner));
         }
         Ok(Response::new(pb::ForwardResponse {
             ring_epoch: self.limiter.ring().epoch(),
@@ -237,7 +203,7 @@ impl Peer for PeerService {
             .map(|p| match p {
                 Some(_) => outcomes
                     .next()
-                    .map_or(pb::ReportOutcome::Retry, outcome_to_wire)
+                    .map_or(pb::ReportOutcome::Retry, wire::outcome_to_wire)
                     as i32,
                 None => pb::ReportOutcome::Invalid as i32,
             })

@@ -2,7 +2,7 @@
 //! request field at the edge: an invalid item gets an error naming the field,
 //! and no counter is touched.
 
-use crate::algorithm::{Algorithm, Bounds, CalendarUnit, Nanos, Period, Request, Spec};
+use crate::algorithm::{Algorithm, Bounds, CalendarUnit, Cost, Nanos, Period, Spec};
 use crate::config::Limits;
 use crate::limiter::{Check, ItemError, LimitRef, Mode, Path, Reason, Status, Verdict};
 use crate::policy::OnOwnerUnreachable;
@@ -45,7 +45,7 @@ pub fn check_from_wire(r: &pb::RateLimitRequest, limits: &Limits) -> Result<Chec
         name: r.name.clone(),
         unique_key: r.unique_key.clone(),
         limit,
-        request: Request {
+        request: Cost {
             hits,
             drain_over_limit: r.drain_over_limit,
             nodelay: r.nodelay,

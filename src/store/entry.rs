@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::algorithm::{Decision, Limited, Nanos, Request, Spec, State};
+use crate::algorithm::{Cost, Decision, Limited, Nanos, Spec, State};
 
 /// How long a reset key is remembered after its last use, though its state
 /// is fresh: longer than any report is retried or replica lags while the
@@ -263,7 +263,7 @@ impl Entry {
         self.reset_gen
     }
 
-    pub fn decide(&mut self, spec: &Spec, req: Request, now: Nanos) -> Decision {
+    pub fn decide(&mut self, spec: &Spec, req: Cost, now: Nanos) -> Decision {
         let d = self.limited.decide(spec, req, now);
         self.last_seen = self.last_seen.max(now);
         self.referenced = true;
@@ -332,7 +332,7 @@ impl Entry {
     pub fn view(&self, now: Nanos) -> View {
         let spec = *self.limited.spec();
         let mut state = self.limited.state().clone();
-        let peek = state.decide(&spec, Request::hits(0), now);
+        let peek = state.decide(&spec, Cost::hits(0), now);
         View {
             spec,
             remaining: peek.remaining,

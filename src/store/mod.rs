@@ -15,6 +15,7 @@
 
 mod collector;
 mod entry;
+mod evict;
 pub mod key;
 
 use std::collections::{BinaryHeap, VecDeque};
@@ -29,13 +30,7 @@ use dashmap::mapref::entry::Entry as MapEntry;
 pub use collector::StoreCollector;
 pub use entry::{Entry, Snapshot, View};
 
-use crate::algorithm::{Decision, Nanos, Request, Spec};
-
-/// How many unreferenced keys the eviction hand compares per eviction.
-const SAMPLE: usize = 8;
-/// Keys much fuller than recent victims the hand may pass over per
-/// eviction, looking for fresher ones (bounds an eviction's work).
-const MAX_PASS: usize = 4_096;
+use crate::algorithm::{Cost, Decision, Nanos, Spec};
 
 /// How a key not in memory starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -125,10 +120,11 @@ type Hasher = foldhash::fast::RandomState;
 #[derive(Debug)]
 pub struct Store {
     map: DashMap<Arc<[u8]>, Entry, Hasher>,
-    /// Keys in insertion order for the eviction hand. May hold keys already
-    /// removed (skipped when met, compacted by the sweep); a std `Mutex`
-    /// because it is held for a few pointer moves, never across an await.
-    ring: Mutex<VecDeque<Arc<[u8]>>>,
+    /// Keys in insertion order for the eviction hand (`evict.rs`). May
+    /// hold keys already removed (skipped when met, compacted by the
+    /// sweep); a std `Mutex` because it is held for a few pointer moves,
+    /// never across an await.
+    evict_queue: Mutex<VecDeque<Arc<[u8]>>>,
     count: AtomicUsize,
     max_keys: usize,
     stats: StoreStats,
@@ -141,7 +137,7 @@ pub struct Store {
     replicating: std::sync::atomic::AtomicBool,
     /// Recent victims' fullness (ppm, a moving average): the eviction hand
     /// passes over keys much fuller than that. Keys of one age sit together
-    /// in the ring, so a sample of neighbours can be all warm keys; without
+    /// in the eviction queue, so a sample of neighbours can be all warm keys; without
     /// this, a cohort of half-used keys would be evicted among themselves
     /// while a flood of nearly fresh keys waits further along.
     typical_victim: AtomicU64,
@@ -161,7 +157,7 @@ impl Store {
     pub fn new(max_keys: usize) -> Store {
         Store {
             map: DashMap::with_hasher(Hasher::default()),
-            ring: Mutex::new(VecDeque::new()),
+            evict_queue: Mutex::new(VecDeque::new()),
             count: AtomicUsize::new(0),
             max_keys: max_keys.max(1),
             stats: StoreStats::default(),
@@ -189,7 +185,7 @@ impl Store {
     ///
     /// A peek or a deny-all spec on a key not in memory answers from a fresh
     /// state without storing anything: reads never grow the table.
-    pub fn decide(&self, key: &[u8], spec: &Spec, req: Request, now: Nanos) -> Decision {
+    pub fn decide(&self, key: &[u8], spec: &Spec, req: Cost, now: Nanos) -> Decision {
         self.decide_seeded(key, spec, req, now, Seed::Fresh)
     }
 
@@ -198,7 +194,7 @@ impl Store {
         &self,
         key: &[u8],
         spec: &Spec,
-        req: Request,
+        req: Cost,
         now: Nanos,
         seed: Seed,
     ) -> Decision {
@@ -238,7 +234,7 @@ impl Store {
         &self,
         key: &[u8],
         spec: &Spec,
-        req: Request,
+        req: Cost,
         now: Nanos,
         seed: Seed,
         fence: Option<Fence<'_>>,
@@ -280,7 +276,7 @@ impl Store {
             }
         };
         self.count.fetch_add(1, Ordering::Relaxed);
-        self.ring_lock().push_back(key);
+        self.evict_queue().push_back(key);
         Ok(decision)
     }
 
@@ -308,7 +304,7 @@ impl Store {
         };
         if created {
             self.count.fetch_add(1, Ordering::Relaxed);
-            self.ring_lock().push_back(key);
+            self.evict_queue().push_back(key);
         }
         r
     }
@@ -380,7 +376,7 @@ impl Store {
             }
         };
         self.count.fetch_add(1, Ordering::Relaxed);
-        self.ring_lock().push_back(key);
+        self.evict_queue().push_back(key);
         Ok(absorbed)
     }
 
@@ -456,7 +452,7 @@ impl Store {
             }
         }
         self.count.fetch_add(1, Ordering::Relaxed);
-        self.ring_lock().push_back(key);
+        self.evict_queue().push_back(key);
     }
 
     /// Count `hits` promised away as consumed (tiered promises folded in
@@ -638,79 +634,8 @@ impl Store {
         self.stats
             .expired
             .fetch_add(removed as u64, Ordering::Relaxed);
-        self.compact_ring();
+        self.compact_evict_queue();
         removed
-    }
-
-    /// Evict until there is room for one more key.
-    fn make_room(&self, now: Nanos) {
-        while self.len() >= self.max_keys {
-            if !self.evict_one(now) {
-                break;
-            }
-        }
-    }
-
-    /// One turn of the eviction hand. Returns false if nothing could be evicted.
-    fn evict_one(&self, now: Nanos) -> bool {
-        let mut ring = self.ring_lock();
-        let typical = self.typical_victim.load(Ordering::Relaxed);
-        let much_fuller = typical.saturating_mul(2).max(typical + 1_000);
-        let mut candidates: Vec<(u64, Nanos, Arc<[u8]>)> = Vec::with_capacity(SAMPLE);
-        let mut passed: Vec<(u64, Nanos, Arc<[u8]>)> = Vec::new();
-        // Every key gets at most one second chance per turn, so the turn ends.
-        let mut budget = 2 * ring.len() + SAMPLE;
-        while candidates.len() < SAMPLE && budget > 0 {
-            budget -= 1;
-            let Some(key) = ring.pop_front() else { break };
-            let Some(mut e) = self.map.get_mut(&key) else {
-                continue; // removed by a sweep or an earlier eviction
-            };
-            if e.take_reference() {
-                drop(e);
-                ring.push_back(key);
-                continue;
-            }
-            let fullness = e.fullness_ppm(now);
-            let candidate = (fullness, e.last_seen(), key);
-            if fullness > much_fuller && passed.len() < MAX_PASS {
-                passed.push(candidate);
-            } else {
-                candidates.push(candidate);
-            }
-        }
-        if candidates.is_empty() {
-            // Nothing near the usual: the fullest keys are all there is.
-            candidates = std::mem::take(&mut passed);
-        }
-        candidates.sort();
-        let mut rest = candidates.into_iter();
-        let Some((fullness, _, victim)) = rest.next() else {
-            return false;
-        };
-        ring.extend(rest.map(|c| c.2));
-        ring.extend(passed.into_iter().map(|c| c.2));
-        drop(ring);
-        self.typical_victim
-            .store((typical * 7 + fullness) / 8, Ordering::Relaxed);
-        if self.map.remove(&victim).is_some() {
-            self.count.fetch_sub(1, Ordering::Relaxed);
-            self.stats.evictions.fetch_add(1, Ordering::Relaxed);
-        }
-        true
-    }
-
-    /// Drop ring slots of removed keys once they outnumber the live ones.
-    fn compact_ring(&self) {
-        let mut ring = self.ring_lock();
-        if ring.len() > 2 * self.len() + 1024 {
-            ring.retain(|k| self.map.contains_key(k));
-        }
-    }
-
-    fn ring_lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Arc<[u8]>>> {
-        // A panic while holding it leaves a ring that is still a valid list.
-        self.ring.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

@@ -19,9 +19,9 @@ fn decides_atomically_per_key_and_counts() {
     let store = Store::new(10);
     let k = key::encode("n", "k");
     for _ in 0..3 {
-        assert!(store.decide(&k, &spec(3), Request::hits(1), 0).allowed());
+        assert!(store.decide(&k, &spec(3), Cost::hits(1), 0).allowed());
     }
-    assert!(!store.decide(&k, &spec(3), Request::hits(1), 0).allowed());
+    assert!(!store.decide(&k, &spec(3), Cost::hits(1), 0).allowed());
     let v = store.inspect(&k, 0).unwrap();
     assert_eq!((v.hits, v.refusals, v.remaining), (4, 1, 0));
 }
@@ -30,8 +30,8 @@ fn decides_atomically_per_key_and_counts() {
 fn peeks_and_deny_all_never_store() {
     let store = Store::new(10);
     let k = key::encode("n", "k");
-    store.decide(&k, &spec(3), Request::hits(0), 0);
-    store.decide(&k, &spec(0), Request::hits(1), 0);
+    store.decide(&k, &spec(3), Cost::hits(0), 0);
+    store.decide(&k, &spec(0), Cost::hits(1), 0);
     assert!(store.is_empty());
 }
 
@@ -39,8 +39,8 @@ fn peeks_and_deny_all_never_store() {
 fn sweep_forgets_only_fresh_states() {
     let store = Store::new(10);
     let (a, b) = (key::encode("n", "a"), key::encode("n", "b"));
-    store.decide(&a, &spec(10), Request::hits(1), 0);
-    store.decide(&b, &spec(10), Request::hits(10), 0);
+    store.decide(&a, &spec(10), Cost::hits(1), 0);
+    store.decide(&b, &spec(10), Cost::hits(10), 0);
     // 1 token refills in 6 s, 10 in 60 s.
     assert_eq!(store.sweep(6 * S - 1), 0);
     assert_eq!(store.sweep(6 * S), 1);
@@ -55,7 +55,7 @@ fn a_reset_key_is_remembered_though_its_state_is_fresh() {
     use crate::store::entry::RESET_MEMORY;
     let store = Store::new(10);
     let a = key::encode("n", "a");
-    store.decide(&a, &spec(10), Request::hits(10), 0);
+    store.decide(&a, &spec(10), Cost::hits(10), 0);
     assert_eq!(store.reset(&a, S, None), Ok(true));
     // Fresh again, but the reset generation must outlive the reports and
     // replicas from before it: the sweeper keeps it.
@@ -71,11 +71,11 @@ fn evicts_the_key_closest_to_fresh_first() {
     let keys: Vec<_> = (0..3).map(|i| key::encode("n", &i.to_string())).collect();
     // Consumption 90%, 10%, 50% of a limit of 10.
     for (k, hits) in keys.iter().zip([9, 1, 5]) {
-        store.decide(k, &spec(10), Request::hits(hits), 0);
+        store.decide(k, &spec(10), Cost::hits(hits), 0);
     }
     // All referenced once: the hand gives each its second chance, then
     // evicts the least consumed.
-    store.decide(&key::encode("n", "new"), &spec(10), Request::hits(1), 0);
+    store.decide(&key::encode("n", "new"), &spec(10), Cost::hits(1), 0);
     assert_eq!(store.len(), 3);
     assert!(store.inspect(&keys[1], 0).is_none(), "10% key evicted");
     assert!(store.inspect(&keys[0], 0).is_some());
@@ -91,13 +91,13 @@ fn a_cohort_of_warm_neighbours_outlives_a_flood_of_fresh_keys() {
     let store = Store::new(1_000);
     let warm: Vec<_> = (0..100).map(|i| key::encode("w", &i.to_string())).collect();
     for k in &warm {
-        store.decide(k, &spec(10), Request::hits(5), 0);
+        store.decide(k, &spec(10), Cost::hits(5), 0);
     }
     for i in 0..10_000 {
         store.decide(
             &key::encode("f", &i.to_string()),
             &spec(10),
-            Request::hits(1),
+            Cost::hits(1),
             0,
         );
     }
@@ -112,10 +112,10 @@ fn top_keys_rank_by_hits_and_refusals() {
     let store = Store::new(10);
     let (a, b) = (key::encode("n", "a"), key::encode("n", "b"));
     for _ in 0..5 {
-        store.decide(&a, &spec(100), Request::hits(1), 0);
+        store.decide(&a, &spec(100), Cost::hits(1), 0);
     }
     for _ in 0..3 {
-        store.decide(&b, &spec(1), Request::hits(1), 0);
+        store.decide(&b, &spec(1), Cost::hits(1), 0);
     }
     let top = store.top(TopBy::Hits, 1, 0);
     assert_eq!(top.len(), 1);
@@ -132,12 +132,12 @@ fn a_copy_is_not_held_as_own_until_counted_here() {
     store.set_replicating(true);
     let k = key::encode("n", "k");
     let elsewhere = Store::new(10);
-    elsewhere.decide(&k, &spec(5), Request::hits(2), 0);
+    elsewhere.decide(&k, &spec(5), Cost::hits(2), 0);
     let theirs = elsewhere.snapshot(&k).unwrap();
 
     store.merge(&k, theirs.clone(), 0, Holding::Copy, None);
     assert!(!store.holds_own(&k), "a replica is a copy");
-    store.decide(&k, &spec(5), Request::hits(1), 0);
+    store.decide(&k, &spec(5), Cost::hits(1), 0);
     assert!(store.holds_own(&k), "counted here as owner");
     store.merge(&k, theirs.clone(), 0, Holding::Copy, None);
     assert!(store.holds_own(&k), "a copy merged in leaves it owned");
@@ -167,7 +167,7 @@ fn a_newer_reset_merged_into_a_copy_leaves_it_a_copy() {
     let store = Store::new(10);
     let k = key::encode("n", "k");
     let owner = Store::new(10);
-    owner.decide(&k, &spec(5), Request::hits(4), 0);
+    owner.decide(&k, &spec(5), Cost::hits(4), 0);
     store.merge(&k, owner.snapshot(&k).unwrap(), 0, Holding::Copy, None);
     owner.reset(&k, 0, None).unwrap();
     store.merge(&k, owner.snapshot(&k).unwrap(), 0, Holding::Copy, None);
@@ -192,12 +192,12 @@ fn the_fence_refuses_what_was_routed_under_an_older_view() {
     let k = key::encode("n", "k");
     let new = key::encode("n", "new");
     store.set_fence(1);
-    let d = store.decide_fenced(&k, &spec(5), Request::hits(1), 0, Seed::Fresh, view(1));
+    let d = store.decide_fenced(&k, &spec(5), Cost::hits(1), 0, Seed::Fresh, view(1));
     assert!(d.unwrap().allowed());
     store.set_fence(2);
     for key in [&k, &new] {
         assert_eq!(
-            store.decide_fenced(key, &spec(5), Request::hits(1), 0, Seed::Fresh, view(1)),
+            store.decide_fenced(key, &spec(5), Cost::hits(1), 0, Seed::Fresh, view(1)),
             Err(Stale),
             "routed under view 1"
         );
@@ -235,7 +235,7 @@ fn the_fence_refuses_what_was_routed_under_an_older_view() {
         present: &|| false,
     });
     assert_eq!(
-        store.decide_fenced(&k, &spec(5), Request::hits(1), 0, Seed::Fresh, away),
+        store.decide_fenced(&k, &spec(5), Cost::hits(1), 0, Seed::Fresh, away),
         Err(Stale)
     );
     assert_eq!(store.inspect(&k, 0).unwrap().remaining, 2);
@@ -246,7 +246,7 @@ fn an_owned_merge_under_an_older_view_is_a_copy() {
     let store = Store::new(10);
     let k = key::encode("n", "k");
     let elsewhere = Store::new(10);
-    elsewhere.decide(&k, &spec(5), Request::hits(2), 0);
+    elsewhere.decide(&k, &spec(5), Cost::hits(2), 0);
     store.set_fence(2);
     store.merge(
         &k,
@@ -270,7 +270,7 @@ fn an_owned_merge_under_an_older_view_is_a_copy() {
 fn a_report_from_before_a_reset_is_dropped() {
     let store = Store::new(10);
     let k = key::encode("n", "k");
-    store.decide(&k, &spec(5), Request::hits(1), 0);
+    store.decide(&k, &spec(5), Cost::hits(1), 0);
     store.reset(&k, 0, None).unwrap();
     let before = Report {
         edge: "e",
@@ -303,7 +303,7 @@ fn an_observed_answer_never_forgets_unreported_spending() {
     let seen = Store::new(10);
     let k = key::encode("n", "k");
     seen.observe(&k, &spec(10), 10, 0, 0);
-    seen.decide(&k, &spec(10), Request::hits(6), 0);
+    seen.decide(&k, &spec(10), Cost::hits(6), 0);
     seen.observe(&k, &spec(10), 8, 0, 0);
     assert_eq!(seen.remaining(&k, 0).unwrap().1, 4, "more consumed wins");
     // A newer reset generation replaces it.
@@ -321,7 +321,7 @@ fn an_observed_answer_never_forgets_unreported_spending() {
 fn the_store_reports_its_own_series() {
     use prometheus_client::registry::Registry;
     let store = std::sync::Arc::new(Store::new(10));
-    store.decide(&key::encode("n", "a"), &spec(10), Request::hits(1), 0);
+    store.decide(&key::encode("n", "a"), &spec(10), Cost::hits(1), 0);
     let mut registry = Registry::default();
     registry.register_collector(Box::new(crate::store::StoreCollector(store)));
     let mut text = String::new();

@@ -153,8 +153,18 @@ pub async fn check(
     client: &mut RateLimiterClient<tonic::transport::Channel>,
     requests: Vec<pb::RateLimitRequest>,
 ) -> Result<Vec<pb::RateLimitResponse>, tonic::Status> {
+    check_within(client, requests, DEADLINE).await
+}
+
+/// One `Check` call with its own deadline (a large batch's caller allows
+/// it more than one check's).
+pub async fn check_within(
+    client: &mut RateLimiterClient<tonic::transport::Channel>,
+    requests: Vec<pb::RateLimitRequest>,
+    deadline: Duration,
+) -> Result<Vec<pb::RateLimitResponse>, tonic::Status> {
     let mut request = tonic::Request::new(pb::CheckRequest { requests });
-    request.set_timeout(DEADLINE);
+    request.set_timeout(deadline);
     client
         .check(request)
         .await

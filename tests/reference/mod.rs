@@ -12,7 +12,7 @@ use chrono::{DateTime, Datelike, Duration as ChronoDuration, NaiveDate, TimeZone
 use num_bigint::BigInt;
 use num_rational::BigRational;
 use num_traits::{Signed, ToPrimitive, Zero};
-use sluice::algorithm::{Algorithm, CalendarUnit, Reason};
+use sluice::algorithm::{Algorithm, CalendarUnit, Outcome};
 
 pub type Q = BigRational;
 
@@ -122,7 +122,7 @@ fn calendar_window(unit: CalendarUnit, t: u64) -> (u64, u64) {
 /// What a model answers, field for field with `sluice::algorithm::Decision`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Out {
-    pub reason: Reason,
+    pub reason: Outcome,
     pub remaining: u64,
     pub reset_at: u64,
     pub retry_after: Option<u64>,
@@ -165,24 +165,24 @@ pub fn decide<M: Model>(
         delay,
     };
     if hits == 0 {
-        return out(m, Reason::WithinLimit, None, 0);
+        return out(m, Outcome::WithinLimit, None, 0);
     }
     if hits > spec.capacity {
         if drain {
             m.drain(spec, t);
         }
-        return out(m, Reason::CostExceedsCapacity, None, 0);
+        return out(m, Outcome::CostExceedsCapacity, None, 0);
     }
     if m.admits(spec, hits, t) {
         let delay = if nodelay { 0 } else { m.delay(spec, t) };
         m.consume(spec, hits, t);
-        return out(m, Reason::WithinLimit, None, delay);
+        return out(m, Outcome::WithinLimit, None, delay);
     }
     if drain {
         m.drain(spec, t);
     }
     let at = earliest(m, spec, hits, t);
-    out(m, Reason::LimitExceeded, Some(at - now), 0)
+    out(m, Outcome::LimitExceeded, Some(at - now), 0)
 }
 
 /// The first time at which the model admits `hits`, by exponential then

@@ -5,11 +5,14 @@
 use std::sync::Arc;
 
 use crate::algorithm::{self, Bounds, Decision, Period, Spec, State, StateParts};
+use crate::lease::Report;
 use crate::proto::convert::{
     algorithm_from_wire, algorithm_to_wire, window_from_wire, window_to_wire,
 };
 use crate::proto::peer as pb;
 use crate::store::{Snapshot, key};
+
+use super::types::{Forward, Forwarded, Outgoing, ReportOutcome, SyncKind};
 
 pub fn limit_to_wire(spec: &Spec) -> pb::Limit {
     let (duration_ns, window) = match spec.period() {
@@ -46,9 +49,9 @@ pub fn limit_from_wire(l: &pb::Limit, bounds: &Bounds) -> Result<Spec, String> {
 pub fn decision_to_wire(d: &Decision, owner: &str, approximate: bool) -> pb::Decision {
     pb::Decision {
         reason: match d.reason {
-            algorithm::Reason::WithinLimit => 1,
-            algorithm::Reason::LimitExceeded => 2,
-            algorithm::Reason::CostExceedsCapacity => 3,
+            algorithm::Outcome::WithinLimit => 1,
+            algorithm::Outcome::LimitExceeded => 2,
+            algorithm::Outcome::CostExceedsCapacity => 3,
         },
         limit: d.limit,
         remaining: d.remaining,
@@ -64,9 +67,9 @@ pub fn decision_to_wire(d: &Decision, owner: &str, approximate: bool) -> pb::Dec
 
 pub fn decision_from_wire(d: &pb::Decision) -> Result<Decision, String> {
     let reason = match d.reason {
-        1 => algorithm::Reason::WithinLimit,
-        2 => algorithm::Reason::LimitExceeded,
-        3 => algorithm::Reason::CostExceedsCapacity,
+        1 => algorithm::Outcome::WithinLimit,
+        2 => algorithm::Outcome::LimitExceeded,
+        3 => algorithm::Outcome::CostExceedsCapacity,
         r => return Err(format!("unknown reason {r}")),
     };
     Ok(Decision {
@@ -77,6 +80,116 @@ pub fn decision_from_wire(d: &pb::Decision) -> Result<Decision, String> {
         retry_after: d.retry_after_ns,
         delay: d.delay_ns,
     })
+}
+
+pub(super) fn forward_to_wire(f: &Forward) -> pb::ForwardItem {
+    pb::ForwardItem {
+        name: f.name.clone(),
+        unique_key: f.unique_key.clone(),
+        limit: Some(limit_to_wire(&f.spec)),
+        hits: f.hits,
+        drain_over_limit: f.drain_over_limit,
+        nodelay: f.nodelay,
+        redirected: f.redirected,
+        deadline_ns: f.deadline_ns,
+        tiered: f.tiered.map(|a| pb::TieredAsk {
+            demand: a.demand,
+            unused: a.unused,
+        }),
+        budget_ns: f.budget_ns,
+    }
+}
+
+/// An owner's answer to one forwarded item (the owner's id is the caller's
+/// to fill in: it knows whom it asked).
+pub fn forwarded_to_wire(f: Forwarded, owner: &str) -> pb::forward_result::Result {
+    use pb::forward_result::Result as R;
+    match f {
+        Forwarded::Decided {
+            decision,
+            approximate,
+            grant,
+            reset_gen,
+        } => {
+            let mut d = decision_to_wire(&decision, owner, approximate);
+            d.grant = grant.map(|(amount, ttl_ns)| pb::Grant { amount, ttl_ns });
+            d.reset_gen = reset_gen;
+            R::Decision(d)
+        }
+        Forwarded::Redirect(node_id) => R::Redirect(pb::Redirect {
+            node_id: node_id.to_string(),
+        }),
+        Forwarded::Expired => R::Expired(pb::Expired {}),
+        Forwarded::Unavailable => R::Unavailable(pb::Unavailable {}),
+    }
+}
+
+/// An owner's answer read back; an item error or a malformed decision is
+/// the error.
+pub(super) fn forwarded_from_wire(r: pb::ForwardResult) -> Result<Forwarded, String> {
+    use pb::forward_result::Result as R;
+    match r.result {
+        Some(R::Decision(d)) => Ok(Forwarded::Decided {
+            decision: decision_from_wire(&d)?,
+            approximate: d.approximate,
+            grant: d.grant.map(|g| (g.amount, g.ttl_ns)),
+            reset_gen: d.reset_gen,
+        }),
+        Some(R::Redirect(to)) => Ok(Forwarded::Redirect(Arc::from(to.node_id))),
+        Some(R::Expired(_)) => Ok(Forwarded::Expired),
+        Some(R::Unavailable(_)) => Ok(Forwarded::Unavailable),
+        Some(R::Error(e)) => Err(format!("item refused: {e}")),
+        None => Err("no result".into()),
+    }
+}
+
+pub fn outcome_to_wire(o: ReportOutcome) -> pb::ReportOutcome {
+    match o {
+        ReportOutcome::Applied => pb::ReportOutcome::Applied,
+        ReportOutcome::Duplicate => pb::ReportOutcome::Duplicate,
+        ReportOutcome::NotOwner => pb::ReportOutcome::NotOwner,
+        ReportOutcome::Retry => pb::ReportOutcome::Retry,
+        ReportOutcome::Stale => pb::ReportOutcome::Stale,
+        ReportOutcome::Invalid => pb::ReportOutcome::Invalid,
+    }
+}
+
+pub(super) fn outcome_from_wire(o: i32) -> ReportOutcome {
+    match pb::ReportOutcome::try_from(o) {
+        Ok(pb::ReportOutcome::Applied) => ReportOutcome::Applied,
+        Ok(pb::ReportOutcome::Duplicate) => ReportOutcome::Duplicate,
+        Ok(pb::ReportOutcome::NotOwner) => ReportOutcome::NotOwner,
+        Ok(pb::ReportOutcome::Retry) => ReportOutcome::Retry,
+        Ok(pb::ReportOutcome::Stale) => ReportOutcome::Stale,
+        // Unknown values included: never taken for a success.
+        _ => ReportOutcome::Invalid,
+    }
+}
+
+/// A lease report on the wire; None if its key bytes are not a key.
+pub(super) fn report_to_wire(r: &Report) -> Option<pb::ReportItem> {
+    let (name, unique_key) = key::decode(&r.key)?;
+    Some(pb::ReportItem {
+        name: name.to_string(),
+        unique_key: unique_key.to_string(),
+        limit: Some(limit_to_wire(&r.spec)),
+        seq: r.seq,
+        hits: r.hits,
+        at_ns: r.at,
+        reset_gen: r.reset_gen,
+    })
+}
+
+pub(super) fn sync_kind_to_wire(k: SyncKind) -> pb::SyncKind {
+    match k {
+        SyncKind::Replica => pb::SyncKind::Replica,
+        SyncKind::Handoff => pb::SyncKind::Handoff,
+    }
+}
+
+/// A key's state ready for a push; None if the key bytes are not a key.
+pub fn outgoing(k: &[u8], s: &Snapshot) -> Option<Outgoing> {
+    snapshot_to_wire(k, s).map(Outgoing)
 }
 
 /// The state format this build writes and reads.

@@ -24,11 +24,17 @@ use crate::metrics::ClusterMetrics;
 use crate::proto::PEER_PROTOCOL_VERSION;
 use crate::proto::peer as pb;
 use crate::proto::peer::peer_client::PeerClient;
-use crate::store::{Snapshot, key};
+use crate::store::key;
 
 mod batcher;
 pub mod codec;
 mod sender;
+mod types;
+
+pub use types::{
+    Forward, ForwardError, Forwarded, Outgoing, Pulled, Received, ReportOutcome, ResetAnswer,
+    SyncKind, TieredAsk, TransferPage,
+};
 
 /// How forwards behave.
 #[derive(Clone, Debug)]
@@ -49,63 +55,6 @@ pub struct ForwardSettings {
     pub tls: Option<tonic::transport::ClientTlsConfig>,
     /// Validation bounds for states received from peers.
     pub bounds: Bounds,
-}
-
-/// Why a forward produced no answer.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum ForwardError {
-    #[error("peer {0} is not in the ring")]
-    UnknownPeer(String),
-    #[error("queue to peer {0} is full")]
-    QueueFull(String),
-    #[error("peer {peer} did not answer: {reason}")]
-    Unreachable { peer: String, reason: String },
-    #[error("the breaker for peer {0} is open")]
-    BreakerOpen(String),
-    /// The peer answered, refusing the call for its size or shape: it is
-    /// reachable (no breaker failure), the call must change.
-    #[error("peer {peer} refused the call: {reason}")]
-    Refused { peer: String, reason: String },
-}
-
-/// A state received from a peer (a pull or a transfer page).
-#[derive(Clone, Debug)]
-pub struct Received {
-    /// The encoded key.
-    pub key: Vec<u8>,
-    pub snapshot: Snapshot,
-    /// The peer held it as a copy, not as the key's count.
-    pub copy: bool,
-}
-
-/// What a pull brought.
-#[derive(Debug)]
-pub enum Pulled {
-    /// One per key asked, in order: what the peer held.
-    States(Vec<Option<Received>>),
-    /// The peer's ring is not the puller's (yet): it took nothing.
-    Mismatch,
-}
-
-/// One page of a transfer.
-#[derive(Debug, Default)]
-pub struct TransferPage {
-    pub states: Vec<Received>,
-    pub next: u64,
-    pub done: bool,
-    pub mismatch: bool,
-    /// The holder's view `next` belongs to.
-    pub holder_view: u64,
-}
-
-/// A key's owner's answer to a reset.
-#[derive(Debug, PartialEq, Eq)]
-pub enum ResetAnswer {
-    Done {
-        existed: bool,
-    },
-    /// Not the owner by its ring: this node is.
-    Redirect(Arc<str>),
 }
 
 type Reply = oneshot::Sender<Result<pb::ForwardResult, ForwardError>>;
@@ -198,7 +147,7 @@ impl Peers {
     /// ring, joining or leaving — a leaving node can still be pulled from),
     /// closed for departed ones (or for a member that now listens
     /// elsewhere, or speaks another protocol).
-    pub fn sync(&self, ring: &Ring, live: &[Member]) {
+    pub fn follow(&self, ring: &Ring, live: &[Member]) {
         self.inner.epoch.store(ring.epoch(), Ordering::Relaxed);
         let find = |id: &str| live.iter().find(|m| &*m.node_id == id);
         let mut peers = self.lock();
@@ -288,6 +237,21 @@ impl Peers {
     pub async fn forward(
         &self,
         node_id: &str,
+        item: &Forward,
+        unbatched: bool,
+    ) -> Result<Forwarded, ForwardError> {
+        let answer = self
+            .forward_wire(node_id, codec::forward_to_wire(item), unbatched)
+            .await?;
+        codec::forwarded_from_wire(answer).map_err(|reason| ForwardError::BadAnswer {
+            peer: node_id.to_string(),
+            reason,
+        })
+    }
+
+    async fn forward_wire(
+        &self,
+        node_id: &str,
         item: pb::ForwardItem,
         unbatched: bool,
     ) -> Result<pb::ForwardResult, ForwardError> {
@@ -337,25 +301,38 @@ impl Peers {
     pub async fn report(
         &self,
         node_id: &str,
-        items: Vec<pb::ReportItem>,
-    ) -> Result<Vec<i32>, ForwardError> {
+        reports: &[crate::lease::Report],
+    ) -> Result<Vec<ReportOutcome>, ForwardError> {
+        // A report whose key does not decode is not sent (it cannot be
+        // absorbed anywhere); it stays Invalid, in its place.
+        let items: Vec<_> = reports.iter().map(codec::report_to_wire).collect();
+        let sent: Vec<pb::ReportItem> = items.iter().flatten().cloned().collect();
         let (peer, probe) = self.admit(node_id)?;
-        peer.sender.report(items, probe).await
+        let mut outcomes = peer.sender.report(sent, probe).await?.into_iter();
+        Ok(items
+            .iter()
+            .map(|i| match i {
+                Some(_) => outcomes
+                    .next()
+                    .map_or(ReportOutcome::Invalid, codec::outcome_from_wire),
+                None => ReportOutcome::Invalid,
+            })
+            .collect())
     }
 
     /// Merge these states at `node_id` (replicas, handoff). Protocol 2.
-    pub async fn sync_states(
+    pub async fn push_states(
         &self,
         node_id: &str,
-        kind: pb::SyncKind,
-        states: Vec<pb::KeyState>,
+        kind: SyncKind,
+        states: &[Outgoing],
     ) -> Result<u32, ForwardError> {
         let (peer, probe) = self.admit(node_id)?;
         let request = pb::SyncRequest {
             protocol_version: PEER_PROTOCOL_VERSION,
             from_node: self.inner.self_id.to_string(),
-            kind: kind as i32,
-            states,
+            kind: codec::sync_kind_to_wire(kind) as i32,
+            states: states.iter().map(|s| s.0.clone()).collect(),
         };
         peer.sender
             .call(

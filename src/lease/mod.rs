@@ -1,6 +1,7 @@
 //! Leases: an allotment of a key's limit that an edge spends without asking
 //! the owner (DESIGN §4). Fallback uses them when an owner is unreachable;
-//! tiered mode for hot keys will reuse them.
+//! tiered mode spends them as allotments, whose owner-side ledger is
+//! `tiered.rs`.
 //!
 //! **Sizing.** A lease is `1/N` of the limit: tokens start at
 //! `min(limit, r + refill since t) / N` — `r` the last `remaining` the owner
@@ -21,11 +22,13 @@
 //! never dropped, never counted twice. Hits admitted meanwhile wait for the
 //! next report.
 
+pub mod tiered;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::algorithm::{Decision, Nanos, Reason, Request, Spec};
+use crate::algorithm::{Cost, Decision, Nanos, Outcome, Spec};
 use crate::store::{Seed, Store};
 
 /// One report of lease consumption, as sent (and resent until acknowledged).
@@ -119,13 +122,13 @@ impl Leases {
     /// Decide on this edge's `1/n` lease. The answer's `remaining` is the
     /// lease's. A refusal because the table of unreported consumption is full
     /// keeps memory bounded without losing a count.
-    pub fn decide(&self, key: &[u8], spec: &Spec, req: Request, n: u64, now: Nanos) -> Decision {
+    pub fn decide(&self, key: &[u8], spec: &Spec, req: Cost, n: u64, now: Nanos) -> Decision {
         let n = n.max(1);
         let full = {
             let pending = self.pending();
             pending.len() >= self.inner.max_pending && !pending.contains_key(key)
         };
-        let scaled = Request {
+        let scaled = Cost {
             hits: if full {
                 u64::MAX
             } else {
@@ -138,13 +141,13 @@ impl Leases {
                 .seen
                 .decide_seeded(key, spec, scaled, now, Seed::Consumed(spec.capacity()));
         d.remaining /= n;
-        if d.reason == Reason::CostExceedsCapacity && req.hits <= spec.capacity() {
+        if d.reason == Outcome::CostExceedsCapacity && req.hits <= spec.capacity() {
             // Within the limit's capacity but not the lease's: a refusal
             // with no exact time to retry, not an impossible request.
-            d.reason = Reason::LimitExceeded;
+            d.reason = Outcome::LimitExceeded;
             d.retry_after = None;
         }
-        if d.reason == Reason::WithinLimit && req.hits > 0 {
+        if d.reason == Outcome::WithinLimit && req.hits > 0 {
             self.record(key, spec, req.hits, now);
         }
         d
@@ -246,7 +249,7 @@ mod tests {
 
     fn admitted(l: &Leases, k: &[u8], sp: &Spec, n: u64, now: Nanos, tries: usize) -> usize {
         (0..tries)
-            .filter(|_| l.decide(k, sp, Request::hits(1), n, now).allowed())
+            .filter(|_| l.decide(k, sp, Cost::hits(1), n, now).allowed())
             .count()
     }
 
@@ -257,7 +260,7 @@ mod tests {
         let sp = spec(90);
         // The owner said 30 left at t=0: this edge's share is 10.
         let seen = Decision {
-            reason: Reason::WithinLimit,
+            reason: Outcome::WithinLimit,
             limit: 90,
             remaining: 30,
             reset_at: 0,
@@ -281,10 +284,10 @@ mod tests {
             "refills from empty"
         );
         let one = key::encode("n", "one");
-        let d = l.decide(&one, &spec(1), Request::hits(1), 3, 600 * S);
+        let d = l.decide(&one, &spec(1), Cost::hits(1), 3, 600 * S);
         assert_eq!(
             d.reason,
-            Reason::LimitExceeded,
+            Outcome::LimitExceeded,
             "1/3 of a token never admits"
         );
     }
@@ -294,9 +297,9 @@ mod tests {
         let l = Leases::new(100, 1_000);
         let k = key::encode("n", "k");
         let sp = spec(600);
-        l.decide(&k, &sp, Request::hits(0), 3, 0); // a peek reports nothing
+        l.decide(&k, &sp, Cost::hits(0), 3, 0); // a peek reports nothing
         assert!(
-            !l.decide(&k, &sp, Request::hits(1), 3, 0).allowed(),
+            !l.decide(&k, &sp, Cost::hits(1), 3, 0).allowed(),
             "starts empty"
         );
         assert!(
