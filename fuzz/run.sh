@@ -27,9 +27,18 @@ fi
 for t in "${targets[@]}"; do
     mkdir -p "corpus/$t"
     echo "--- fuzz $t for ${seconds}s"
+    # The run's own exit status decides (a timeout or a startup error
+    # leaves no crash-* file); grep only trims the log.
+    set +o errexit
     "${fuzz[@]}" run --sanitizer none --release "$t" "corpus/$t" "seeds/$t" "regressions/$t" -- \
         -max_total_time="$seconds" -max_len=4096 -rss_limit_mb=2048 -print_final_stats=1 2>&1 |
-        grep -E "^(#[0-9]+ +DONE|stat::number_of_executed_units|stat::new_units_added|==|SUMMARY|.*panicked|artifact_prefix|Test unit written)" || true
+        grep -E "^(#[0-9]+ +DONE|stat::number_of_executed_units|stat::new_units_added|==|SUMMARY|.*panicked|artifact_prefix|Test unit written)"
+    status=("${PIPESTATUS[@]}")
+    set -o errexit
+    if [ "${status[0]}" -ne 0 ]; then
+        echo "FAILED: fuzz $t exited ${status[0]}; artifacts: $(ls "artifacts/$t" 2>/dev/null)" >&2
+        exit 1
+    fi
     if compgen -G "artifacts/$t/crash-*" >/dev/null || compgen -G "artifacts/$t/oom-*" >/dev/null; then
         echo "FINDING in $t: $(ls artifacts/$t)" >&2
         exit 1
