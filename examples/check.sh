@@ -15,6 +15,13 @@ trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
 
 "$bin" serve --grpc-addr "$grpc" --http-addr 127.0.0.1:18180 >/dev/null 2>&1 &
 pids+=($!)
+# Ready first: a node still joining decides nothing (NOT_READY), and the
+# app, failing open, would answer 200 where 429 is expected.
+for _ in $(seq 100); do
+    curl -sf -o /dev/null 127.0.0.1:18180/readyz && break
+    sleep 0.1
+done
+curl -sf -o /dev/null 127.0.0.1:18180/readyz || { echo "the node did not turn ready"; exit 1; }
 SLUICE_ADDR=$grpc APP_ADDR=127.0.0.1:13030 "$app" >/dev/null 2>&1 &
 pids+=($!)
 for _ in $(seq 100); do

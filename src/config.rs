@@ -47,6 +47,10 @@ pub struct Config {
     pub header_families: Vec<String>,
     /// Named limits, `[policies.NAME]`.
     pub policies: BTreeMap<String, PolicyConfig>,
+    /// A test aid: run this node's clock this many milliseconds off the
+    /// wall clock (negative: behind), to show that a cluster stays exact
+    /// when one node's clock is wrong. Never set it in production.
+    pub test_clock_offset_ms: i64,
 }
 
 /// Bounds on what the node accepts and keeps.
@@ -276,6 +280,7 @@ impl Default for Config {
             tls: None,
             header_families: vec!["retry-after".into(), "x-ratelimit".into(), "ietf".into()],
             policies: BTreeMap::new(),
+            test_clock_offset_ms: 0,
         }
     }
 }

@@ -117,8 +117,16 @@ pub struct ClusterMetrics {
     pub breaker_rejections: Counter,
     /// Breaker state by peer: 0 closed, 1 half-open, 2 open.
     pub breakers: Family<Vec<(&'static str, String)>, Gauge>,
+    /// Each peer's clock minus this node's, in seconds, from its last
+    /// forward answer (its `now` against the call's midpoint here).
+    pub clock_offsets: Family<Vec<(&'static str, String)>, Gauge<f64, AtomicU64>>,
     /// Decisions made without the owner, by mode (lease, allow, deny).
     pub fallbacks: Family<Vec<(&'static str, &'static str)>, Counter>,
+    /// Forwards decided without the owner because its answer did not come
+    /// within the caller's budget (or came back expired): on a healthy
+    /// cluster, fallbacks for want of time. (A dead owner's first few
+    /// timeouts count here too, until its breaker opens.)
+    pub late_forwards: Counter,
     /// Hits admitted on leases and not yet acknowledged by their owners.
     pub unreported: Gauge,
     /// Lease reports applied by this node as owner, and retries ignored.
@@ -184,7 +192,9 @@ impl ClusterMetrics {
             rpcs: Family::default(),
             breaker_rejections: Counter::default(),
             breakers: Family::default(),
+            clock_offsets: Family::default(),
             fallbacks: Family::default(),
+            late_forwards: Counter::default(),
             unreported: Gauge::default(),
             reports: Family::default(),
             minority: Gauge::default(),
@@ -330,6 +340,16 @@ impl ClusterMetrics {
             self.breakers.clone(),
         );
         registry.register(
+            "sluice_peer_clock_offset_seconds",
+            "Each peer's clock minus this node's, from its last forward answer",
+            self.clock_offsets.clone(),
+        );
+        registry.register(
+            "sluice_late_forwards",
+            "Forwards decided without the owner although it was reachable: the caller's budget ran out first",
+            self.late_forwards.clone(),
+        );
+        registry.register(
             "sluice_fallback_decisions",
             "Decisions made without the owner, by mode",
             self.fallbacks.clone(),
@@ -398,6 +418,12 @@ impl ClusterMetrics {
         self.breakers
             .get_or_create(&vec![("peer", peer.to_string())])
             .set(v);
+    }
+
+    pub fn clock_offset(&self, peer: &str, seconds: f64) {
+        self.clock_offsets
+            .get_or_create(&vec![("peer", peer.to_string())])
+            .set(seconds);
     }
 
     pub fn rpc_attempt(&self, peer: &str) {

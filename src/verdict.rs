@@ -21,23 +21,27 @@ pub enum Reason {
     Overloaded,
     /// Shadow mode: would have been refused, allowed anyway.
     Shadow,
+    /// This node is still joining its cluster and cannot name the key's
+    /// owner yet: nothing decided; ask another node.
+    NotReady,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 6] = [
+    pub const ALL: [Reason; 7] = [
         Reason::WithinLimit,
         Reason::LimitExceeded,
         Reason::CostExceedsCapacity,
         Reason::OwnerUnreachable,
         Reason::Overloaded,
         Reason::Shadow,
+        Reason::NotReady,
     ];
 
     pub fn status(self) -> Status {
         match self {
             Reason::WithinLimit | Reason::Shadow => Status::UnderLimit,
             Reason::LimitExceeded | Reason::CostExceedsCapacity => Status::OverLimit,
-            Reason::OwnerUnreachable | Reason::Overloaded => Status::Unavailable,
+            Reason::OwnerUnreachable | Reason::Overloaded | Reason::NotReady => Status::Unavailable,
         }
     }
 
@@ -49,6 +53,7 @@ impl Reason {
             Reason::OwnerUnreachable => "owner_unreachable",
             Reason::Overloaded => "overloaded",
             Reason::Shadow => "shadow",
+            Reason::NotReady => "not_ready",
         }
     }
 }

@@ -14,12 +14,14 @@ grpcio-reflection and protobuf; .ci/run installs them)
 import subprocess
 import sys
 import time
+import urllib.request
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 ADDR = "127.0.0.1:8081"
+READYZ = "http://127.0.0.1:8080/readyz"
 SERVICE = "sluice.v1.RateLimiter"
 
 
@@ -56,7 +58,18 @@ def build_pool(channel):
 
 
 def wait_for(channel, deadline=30):
+    """The port, then readiness: a node still joining decides nothing."""
     grpc.channel_ready_future(channel).result(timeout=deadline)
+    until = time.time() + deadline
+    while True:
+        try:
+            if urllib.request.urlopen(READYZ, timeout=1).status == 200:
+                return
+        except OSError:
+            pass
+        if time.time() > until:
+            sys.exit("the node did not turn ready")
+        time.sleep(0.05)
 
 
 def main():

@@ -81,13 +81,15 @@ pub async fn run(args: ServeArgs) -> CliResult {
     let sources = args.sources();
     let (config, policies) = crate::policy::load(&sources)?;
     init_logging(config.log_format);
-    let node = Node::start(
-        config,
-        policies,
-        Some(sources),
-        Arc::new(SystemClock::new()),
-    )
-    .await?;
+    let offset = config.test_clock_offset_ms;
+    if offset != 0 {
+        tracing::warn!(
+            offset_ms = offset,
+            "test_clock_offset_ms: this node's clock runs off on purpose"
+        );
+    }
+    let clock = SystemClock::with_offset(offset.saturating_mul(1_000_000));
+    let node = Node::start(config, policies, Some(sources), Arc::new(clock)).await?;
     shutdown_signal().await;
     tracing::info!("leaving the cluster");
     node.leave().await;

@@ -3,8 +3,9 @@
 //! When the owner cannot be reached — an error, a deadline, an open
 //! breaker, a full queue, an owner that cannot answer for the key — or this
 //! node sees fewer than a majority of the cluster, or it may own nothing
-//! right now (not yet ready, or back from being away), the edge decides by
-//! the key's `on_owner_unreachable`: `local_share` on its `1/N` lease
+//! right now (back from being away; a node still joining answers
+//! `NOT_READY` for `local_share` keys instead, see `route.rs`), the edge
+//! decides by the key's `on_owner_unreachable`: `local_share` on its `1/N` lease
 //! (approximate answers, reported to the owner later), `allow`, or `deny`
 //! (`UNAVAILABLE` / `OWNER_UNREACHABLE`).
 
@@ -22,7 +23,7 @@ impl Limiter {
         match r.fallback {
             OnOwnerUnreachable::Deny => {
                 metrics.cluster.fallback("deny");
-                self.unavailable(r)
+                self.unavailable(r, Reason::OwnerUnreachable)
             }
             OnOwnerUnreachable::Allow => {
                 metrics.cluster.fallback("allow");
@@ -69,9 +70,9 @@ impl Limiter {
         }
     }
 
-    /// No decision: `UNAVAILABLE` / `OWNER_UNREACHABLE`, never `OVER_LIMIT`.
-    fn unavailable(&self, r: &Resolved<'_>) -> Verdict {
-        let reason = Reason::OwnerUnreachable;
+    /// No decision: `UNAVAILABLE` for `reason` (never `OVER_LIMIT`),
+    /// nothing consumed.
+    pub(super) fn unavailable(&self, r: &Resolved<'_>, reason: Reason) -> Verdict {
         self.shared.metrics.decisions.count(&r.label, reason);
         Verdict {
             status: reason.status(),

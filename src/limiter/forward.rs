@@ -69,6 +69,7 @@ impl Limiter {
             let call = peers.forward(&target, &item, r.check.unbatched);
             let Ok(result) = tokio::time::timeout_at(deadline, call).await else {
                 tracing::debug!(peer = %target, "forward: the caller's deadline passed");
+                self.shared.metrics.cluster.late_forwards.inc();
                 break;
             };
             match result {
@@ -114,13 +115,18 @@ impl Limiter {
                     }
                 }
                 Ok(other) => {
+                    if other == Forwarded::Expired {
+                        self.shared.metrics.cluster.late_forwards.inc();
+                    }
                     // An expired or unavailable answer.
                     tracing::debug!(peer = %target, answer = ?other, "forward not decided");
                     break;
                 }
                 Err(e @ ForwardError::BadAnswer { .. }) => {
+                    // The owner answered, so it may have counted the hit:
+                    // a lease decision on top could count it twice.
                     tracing::warn!(error = %e, "forward answered badly");
-                    break;
+                    return (self.unavailable(r, super::Reason::OwnerUnreachable), None);
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "forward failed");

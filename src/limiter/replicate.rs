@@ -97,7 +97,7 @@ impl Limiter {
         for ((to, kind), states) in by_target {
             for chunk in chunk_by_bytes(&states, |(_, s)| s) {
                 let batch: Vec<Outgoing> = chunk.iter().map(|(_, s)| s.clone()).collect();
-                match peers.push_states(&to, kind, &batch).await {
+                match peers.push_states(&to, kind, batch).await {
                     Ok(_) => {
                         sent += chunk.len();
                         let counter = match kind {
@@ -168,7 +168,10 @@ impl Limiter {
                     );
                     return report;
                 }
-                match peers.push_states(&owner, SyncKind::Handoff, chunk).await {
+                match peers
+                    .push_states(&owner, SyncKind::Handoff, chunk.to_vec())
+                    .await
+                {
                     Ok(_) => {
                         report.confirmed += chunk.len();
                         metrics.handed_off.inc_by(chunk.len() as u64);

@@ -4,7 +4,9 @@
 //! count or the view's transfer is complete, after a pull otherwise; a key
 //! another node owns goes to that owner (or, in tiered mode, to this node's
 //! allotment first); with no owner this node may ask (not yet ready, away,
-//! no ring), the key's `on_owner_unreachable` decides.
+//! no ring), the key's `on_owner_unreachable` decides — except that a node
+//! still joining answers `NOT_READY` rather than split a lease over a
+//! cluster it has not seen.
 //!
 //! A decision routed under a view this node has since left changes nothing
 //! (the store's fence) and is routed again under the new one — at most
@@ -15,6 +17,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use super::{Check, ItemError, Limiter, Resolved, Topology, Verdict, YIELD_EVERY};
+use crate::cluster::membership::Lifecycle;
 use crate::cluster::membership::presence::boot_time;
 use crate::store::{Fence, key};
 
@@ -180,6 +183,10 @@ impl Limiter {
     ) -> Vec<(usize, Resolved<'a>)> {
         let t = self.shared.topology.load_full();
         let may_own = self.may_own();
+        // Still joining: no ring names this node's keys yet, and a lease
+        // split over a cluster it has not seen would decide from nothing
+        // (`allow`, `deny` and shadow need no count, and keep their say).
+        let joining = self.shared.presence.lifecycle() == Lifecycle::Joining;
         let mut remote: Vec<Pending<'a>> = Vec::new();
         let mut lacking: Vec<(usize, Resolved<'a>)> = Vec::new();
         let mut again = Vec::new();
@@ -214,6 +221,13 @@ impl Limiter {
                         let v = self.forward(&r, to, &t, deadline).await;
                         (i, v)
                     }))
+                }
+                Route::NoOwner
+                    if joining
+                        && !r.shadow
+                        && r.fallback == crate::policy::OnOwnerUnreachable::LocalShare =>
+                {
+                    out[i] = Some(Ok(self.unavailable(&r, super::Reason::NotReady)))
                 }
                 Route::NoOwner => out[i] = Some(Ok(self.fallback(&r, &t, false))),
                 Route::Lacking => lacking.push((i, r)),

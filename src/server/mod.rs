@@ -12,7 +12,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::net::TcpListener;
@@ -34,6 +34,7 @@ use crate::metrics::Metrics;
 use crate::policy::Policies;
 use crate::service::grpc::{Api, Services};
 use crate::service::headers::Families;
+use crate::service::readiness::Readiness;
 use crate::service::{admin::AdminService, http, peer::PeerService};
 use crate::store::Store;
 use crate::tls::{Reloading, ServerFiles, TlsError};
@@ -70,7 +71,7 @@ pub struct Node {
     pub membership: Membership,
     /// Test hook: links to behave as cut (see `cluster::faults`).
     pub faults: Arc<Faults>,
-    ready: Arc<AtomicBool>,
+    readiness: Readiness,
     leave_grace: Duration,
     handoff_timeout: Duration,
     shutdown: CancellationToken,
@@ -123,13 +124,14 @@ impl Node {
                 bounds: Bounds {
                     max_log_entries: config.limits.max_log_entries,
                 },
+                clock: clock.clone(),
             },
             metrics.cluster.clone(),
             faults.clone(),
         );
+        let clock_handle = clock.clone();
         let policy_hash = policies.hash();
         let shutdown = CancellationToken::new();
-        let ready = Arc::new(AtomicBool::new(false));
         let mut tasks = JoinSet::new();
 
         let grpc = TcpListener::bind(config.grpc_addr)
@@ -273,7 +275,8 @@ impl Node {
                     .watch(move |ok| metrics.reloaded(ok), shutdown.clone()),
             );
         }
-        let services = Services::new(&config, limiter.clone(), admin, peer, secret)?;
+        let readiness = Readiness::new(limiter.clone()).await;
+        let services = Services::new(&config, limiter.clone(), admin, peer, secret, &readiness)?;
         let grpc = crate::service::listener::Listener {
             name: "grpc",
             listener: grpc,
@@ -296,9 +299,10 @@ impl Node {
             }
         }
         let families = Families::parse(&config.header_families).map_err(ConfigError)?;
+        tasks.spawn(readiness.clone().follow(shutdown.clone()));
         let router = http::router(
             limiter.clone(),
-            ready.clone(),
+            readiness.clone(),
             config.limits.clone(),
             families,
         );
@@ -311,6 +315,12 @@ impl Node {
                 tracing::error!(error = %e, "HTTP admin server failed");
             }
         });
+        // Steer the clock toward the wall clock, a little at a time.
+        let steered = clock_handle.clone();
+        tasks.spawn(every(Duration::from_secs(1), shutdown.clone(), move || {
+            steered.resync();
+            std::future::ready(())
+        }));
         let sweeper = limiter.clone();
         tasks.spawn(every(
             config.limits.sweep_interval,
@@ -351,7 +361,7 @@ impl Node {
         limiter
             .adopted(membership.view().ring.epoch(), Duration::from_secs(2))
             .await;
-        ready.store(true, Ordering::SeqCst);
+        readiness.set_serving(true).await;
         tracing::info!(%grpc_addr, %http_addr, %gossip_addr, node_id = %config.node_id, "serving");
         Ok(Node {
             grpc_addr,
@@ -361,7 +371,7 @@ impl Node {
             limiter,
             membership,
             faults,
-            ready,
+            readiness,
             leave_grace: cluster.leave_grace,
             handoff_timeout: cluster.handoff_timeout,
             shutdown,
@@ -375,7 +385,7 @@ impl Node {
     /// (at least `leave_grace`, at most `handoff_timeout`), push what was
     /// not taken, send the last lease reports, then stop everything.
     pub async fn leave(self) {
-        self.ready.store(false, Ordering::SeqCst);
+        self.readiness.set_serving(false).await;
         self.membership.set_state(Lifecycle::Leaving).await;
         let started = tokio::time::Instant::now();
         let grace = started + self.leave_grace;
@@ -416,7 +426,7 @@ impl Node {
     /// Stop without announcing anything, as a crash would (peers find out
     /// from their failure detectors).
     pub async fn kill(self) {
-        self.ready.store(false, Ordering::SeqCst);
+        self.readiness.set_serving(false).await;
         let membership = self.membership.clone();
         // Joining the gossip thread blocks: do it off the runtime's workers.
         let _ = tokio::task::spawn_blocking(move || membership.shutdown()).await;
@@ -425,12 +435,27 @@ impl Node {
 
     async fn stop(mut self) {
         self.shutdown.cancel();
-        while self.tasks.join_next().await.is_some() {}
+        // Unary calls end within their budget (2 s at most) and health
+        // `Watch` streams when readiness drops its statuses; past DRAIN, a
+        // task still waiting (a stream of some other kind) is aborted and
+        // its connections are left to the process's exit.
+        let drained = tokio::time::timeout(DRAIN, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(?DRAIN, "calls still open at shutdown; not waiting for them");
+            self.tasks.abort_all();
+            while self.tasks.join_next().await.is_some() {}
+        }
         let membership = self.membership.clone();
         // Joining the gossip thread blocks: do it off the runtime's workers.
         let _ = tokio::task::spawn_blocking(move || membership.shutdown()).await;
     }
 }
+
+/// How long a stopping node waits for open calls to finish.
+const DRAIN: Duration = Duration::from_secs(5);
 
 /// The host peers use to reach this node.
 fn advertise_host(configured: Option<&str>, listen: IpAddr) -> String {

@@ -81,8 +81,8 @@ pub struct Services {
     envoy: RateLimitServiceServer<RlsService>,
     admin: AdminServer<AdminService>,
     peer: PeerServer<PeerService>,
+    /// Says what [`super::readiness::Readiness`] publishes.
     health: Health,
-    reporter: tonic_health::server::HealthReporter,
     secret: Secret,
     max_streams: u32,
     resources: Arc<Resources>,
@@ -95,11 +95,11 @@ impl Services {
         admin: AdminService,
         peer: PeerService,
         secret: Secret,
+        readiness: &super::readiness::Readiness,
     ) -> Result<Services, GrpcError> {
         let max = config.limits.max_message_bytes;
-        let reporter = tonic_health::server::HealthReporter::new();
         let health = Health::new(tonic_health::server::HealthService::from_health_reporter(
-            reporter.clone(),
+            readiness.reporter(),
         ));
         let families = Families::parse(&config.header_families).map_err(ConfigError)?;
         let families = config.envoy.response_headers.then_some(families);
@@ -117,7 +117,6 @@ impl Services {
             admin: AdminServer::new(admin).max_decoding_message_size(max),
             peer: PeerServer::new(peer).max_decoding_message_size(max),
             health,
-            reporter,
             secret,
             max_streams: config.limits.max_concurrent_streams,
             resources: limiter.metrics().resources.clone(),
@@ -161,22 +160,9 @@ impl Services {
                 InterceptedService::new(self.admin.clone(), OperatorAuth(self.secret.clone()));
             router = router.add_service(admin).add_service(self.peer.clone());
         }
-        let reporter = self.reporter.clone();
         let name = listener.name;
         Ok(async move {
-            reporter
-                .set_serving::<RateLimiterServer<RateLimiterService>>()
-                .await;
-            reporter
-                .set_service_status("", tonic_health::ServingStatus::Serving)
-                .await;
-            let stopping = token.clone();
-            let shutdown = async move {
-                stopping.cancelled().await;
-                reporter
-                    .set_service_status("", tonic_health::ServingStatus::NotServing)
-                    .await;
-            };
+            let shutdown = token.clone().cancelled_owned();
             let served = match tls {
                 Some(tls) => {
                     router

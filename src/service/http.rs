@@ -9,8 +9,6 @@
 //! answers 200 (admitted), 429 (refused), 503 (no decision) or 400 (invalid,
 //! naming the field), with a JSON body and the quota headers.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -21,6 +19,7 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 
 use super::headers::{self, Families, Quota};
+use super::readiness::Readiness;
 use super::wire;
 use crate::config::Limits;
 use crate::limiter::{Limiter, Status};
@@ -29,16 +28,15 @@ use crate::proto::v1 as pb;
 #[derive(Clone)]
 struct AppState {
     limiter: Limiter,
-    ready: Arc<AtomicBool>,
+    readiness: Readiness,
     limits: Limits,
     families: Families,
 }
 
-/// The admin router; `ready` flips to true once the gRPC port is serving
-/// and back to false when the node starts leaving.
+/// The admin router; `/readyz` says what `readiness` does.
 pub fn router(
     limiter: Limiter,
-    ready: Arc<AtomicBool>,
+    readiness: Readiness,
     limits: Limits,
     families: Families,
 ) -> Router {
@@ -49,7 +47,7 @@ pub fn router(
         .route("/v1/check", post(check))
         .with_state(AppState {
             limiter,
-            ready,
+            readiness,
             limits,
             families,
         })
@@ -66,9 +64,7 @@ async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
 }
 
 async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
-    // Ready means ready: serving, and this node may own keys (joined, and
-    // not back from being away until it rejoined).
-    if s.ready.load(Ordering::SeqCst) && s.limiter.presence().is_ready() {
+    if s.readiness.is_ready() {
         (StatusCode::OK, "ready\n")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")

@@ -4,6 +4,7 @@
 //! - [`v1`]: `sluice.v1.RateLimiter`, the public API;
 //! - [`admin`]: `sluice.v1.Admin`, for operators;
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`;
+//! - [`readiness`]: what `/readyz` and gRPC health both say;
 //! - gRPC health and reflection are tonic's own services, mounted by the server.
 
 pub mod admin;
@@ -15,5 +16,6 @@ pub use sluice_api::headers;
 pub mod http;
 pub mod listener;
 pub mod peer;
+pub mod readiness;
 pub mod v1;
 pub mod wire;

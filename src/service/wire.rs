@@ -229,5 +229,6 @@ pub fn reason_to_wire(r: Reason) -> pb::Reason {
         Reason::OwnerUnreachable => pb::Reason::OwnerUnreachable,
         Reason::Overloaded => pb::Reason::Overloaded,
         Reason::Shadow => pb::Reason::Shadow,
+        Reason::NotReady => pb::Reason::NotReady,
     }
 }

@@ -294,6 +294,15 @@ impl Client {
     }
 
     fn decided(&self, check: &Check, r: pb::RateLimitResponse) -> Result<Decision, CheckError> {
+        // The node decided nothing (still joining, or shedding load): the
+        // same as not reaching Sluice, so this client's own setting says.
+        let undecided = [pb::Reason::NotReady as i32, pb::Reason::Overloaded as i32];
+        if r.error.is_none()
+            && r.status == pb::Status::Unavailable as i32
+            && undecided.contains(&r.reason)
+        {
+            return Ok(self.unavailable(check));
+        }
         self.inner
             .stats
             .decided_by_sluice

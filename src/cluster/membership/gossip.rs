@@ -241,10 +241,12 @@ impl Gossip {
                         let presence = self.presence.clone();
                         let interval = self.settings.gossip_interval;
                         let stop = self.stop.clone();
+                        // A node that knew no peer has none to wait for.
+                        let has_peers = !known.is_empty();
                         tokio::spawn(async move {
                             tokio::select! {
                                 _ = stop.cancelled() => {}
-                                _ = turn_ready_again(views, slot, presence, interval) => {}
+                                _ = turn_ready_again(views, slot, presence, interval, has_peers) => {}
                             }
                         });
                     }
@@ -267,8 +269,9 @@ async fn turn_ready_again(
     slot: Arc<Mutex<Slot>>,
     presence: Arc<Presence>,
     interval: Duration,
+    has_peers: bool,
 ) {
-    join_wait(&mut views, true, interval).await;
+    join_wait(&mut views, has_peers, interval).await;
     let chitchat = slot.lock().ok().and_then(|s| s.chitchat.clone());
     let Some(c) = chitchat else { return };
     let mut c = c.lock().await;

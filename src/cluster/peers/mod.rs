@@ -7,7 +7,7 @@
 //! opened lazily, reused, and dropped when the peer leaves the ring.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,7 @@ use super::breaker::{Allow, Breaker, State as BreakerState};
 use super::faults::Faults;
 use super::ring::{Member, Ring};
 use crate::algorithm::Bounds;
+use crate::clock::SharedClock;
 use crate::metrics::ClusterMetrics;
 use crate::proto::PEER_PROTOCOL_VERSION;
 use crate::proto::peer as pb;
@@ -55,6 +56,8 @@ pub struct ForwardSettings {
     pub tls: Option<tonic::transport::ClientTlsConfig>,
     /// Validation bounds for states received from peers.
     pub bounds: Bounds,
+    /// This node's clock, to read each peer's offset from its answers.
+    pub clock: SharedClock,
 }
 
 type Reply = oneshot::Sender<Result<pb::ForwardResult, ForwardError>>;
@@ -90,6 +93,10 @@ struct Sender {
     metrics: Arc<ClusterMetrics>,
     breaker: Arc<Breaker>,
     faults: Arc<Faults>,
+    clock: SharedClock,
+    /// A warning about this peer's clock offset is out (and not yet
+    /// cleared by the offset falling back under the bound).
+    clock_warned: Arc<AtomicBool>,
 }
 
 /// The set of peer clients; cheap to clone.
@@ -208,6 +215,8 @@ impl Peers {
                 settings.breaker_cooldown,
             )),
             faults: self.inner.faults.clone(),
+            clock: settings.clock.clone(),
+            clock_warned: Arc::new(AtomicBool::new(false)),
         };
         tokio::spawn(batcher::batch_loop(
             rx,
@@ -307,8 +316,12 @@ impl Peers {
         // absorbed anywhere); it stays Invalid, in its place.
         let items: Vec<_> = reports.iter().map(codec::report_to_wire).collect();
         let sent: Vec<pb::ReportItem> = items.iter().flatten().cloned().collect();
-        let (peer, probe) = self.admit(node_id)?;
-        let mut outcomes = peer.sender.report(sent, probe).await?.into_iter();
+        let mut outcomes = if sent.is_empty() {
+            Vec::new().into_iter()
+        } else {
+            let (peer, probe) = self.admit(node_id)?;
+            peer.sender.report(sent, probe).await?.into_iter()
+        };
         Ok(items
             .iter()
             .map(|i| match i {
@@ -325,14 +338,14 @@ impl Peers {
         &self,
         node_id: &str,
         kind: SyncKind,
-        states: &[Outgoing],
+        states: Vec<Outgoing>,
     ) -> Result<u32, ForwardError> {
         let (peer, probe) = self.admit(node_id)?;
         let request = pb::SyncRequest {
             protocol_version: PEER_PROTOCOL_VERSION,
             from_node: self.inner.self_id.to_string(),
             kind: codec::sync_kind_to_wire(kind) as i32,
-            states: states.iter().map(|s| s.0.clone()).collect(),
+            states: states.into_iter().map(|s| s.0).collect(),
         };
         peer.sender
             .call(

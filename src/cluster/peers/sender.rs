@@ -5,6 +5,11 @@
 
 use super::*;
 
+/// A peer clock further off than this is warned about: decisions stay
+/// right (owners decide on their own clock, deadlines travel as budgets),
+/// but replicas and handoffs carry times, and an operator should know.
+const CLOCK_WARN: Duration = Duration::from_millis(250);
+
 impl Sender {
     /// The deadline and token of a peer call.
     fn authorize<T>(&self, request: &mut tonic::Request<T>, timeout: Duration) {
@@ -140,6 +145,7 @@ impl Sender {
             self.metrics.forward_error(&self.node_id, "timeout");
             return Err(e);
         }
+        let sent_at = self.clock.now();
         let mut request = tonic::Request::new(pb::ForwardRequest {
             protocol_version: PEER_PROTOCOL_VERSION,
             ring_epoch: self.epoch.load(Ordering::Relaxed),
@@ -168,6 +174,7 @@ impl Sender {
             }
             Ok(Ok(r)) => r.into_inner(),
         };
+        self.observe_clock(sent_at, response.now_ns);
         if response.results.len() != n {
             self.metrics.forward_error(&self.node_id, "protocol");
             return Err(unreachable(format!(
@@ -176,6 +183,31 @@ impl Sender {
             )));
         }
         Ok(response.results)
+    }
+}
+
+impl Sender {
+    /// The peer's clock offset, from its `now` in an answer against the
+    /// call's midpoint on this node's clock (0: a peer that sends none).
+    fn observe_clock(&self, sent_at: u64, peer_now: u64) {
+        if peer_now == 0 {
+            return;
+        }
+        let received = self.clock.now();
+        let midpoint = sent_at / 2 + received / 2 + (sent_at % 2 + received % 2) / 2;
+        let offset = peer_now as i128 - midpoint as i128;
+        let seconds = offset as f64 / 1e9;
+        self.metrics.clock_offset(&self.node_id, seconds);
+        let off = offset.unsigned_abs() > CLOCK_WARN.as_nanos();
+        if off && !self.clock_warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                peer = %self.node_id,
+                offset_s = seconds,
+                "a peer's clock is off from this node's (check NTP on both)"
+            );
+        } else if !off && self.clock_warned.swap(false, Ordering::Relaxed) {
+            tracing::info!(peer = %self.node_id, offset_s = seconds, "peer clock back in step");
+        }
     }
 }
 

@@ -1,0 +1,109 @@
+//! Time between nodes (issue 18), on real `sluice serve` processes: one
+//! node's clock runs 500 ms ahead and another's 500 ms behind
+//! (`test_clock_offset_ms`, a test aid). Forwards carry how long the edge
+//! still waits, not an instant on its clock, and owners decide on their
+//! own clock, so every answer is exact — none `Expired` into a silent
+//! fallback, none decided on a lease — and each node sees its peers'
+//! offsets in `/metrics`. Every assertion is per key.
+//!
+//! Intervals: gossip 100 ms and the callers' 100 ms deadline
+//! (`common::procs`).
+
+mod common;
+
+use std::time::Duration;
+
+use common::inline;
+use common::load::keys_owned_by;
+use common::procs::{Proc, check, ports, rings_are, spawn};
+use sluice::proto::v1 as pb;
+
+const SETTLE: Duration = Duration::from_secs(30);
+/// Per key, over a window no test outlives (no refill while it runs).
+const LIMIT: i64 = 5;
+const WINDOW_MS: i64 = 3_600_000;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_500_ms_off_either_way_keeps_every_answer_exact() {
+    let gossip = ports(3);
+    let nodes = [
+        ("skew-ahead", "500"),
+        ("skew-true", "0"),
+        ("skew-behind", "-500"),
+    ];
+    let procs: Vec<Proc> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, (id, offset))| {
+            spawn(
+                id,
+                gossip[i],
+                &gossip,
+                &[("SLUICE_TEST_CLOCK_OFFSET_MS", offset)],
+            )
+        })
+        .collect();
+    let refs: Vec<&Proc> = procs.iter().collect();
+    let mut ids: Vec<&str> = nodes.iter().map(|n| n.0).collect();
+    ids.sort();
+    rings_are(&refs, &ids, "three skewed nodes in every ring", SETTLE).await;
+
+    // Through each node, keys owned by each node (itself included): the
+    // first LIMIT hits admitted and the next refused, all exact.
+    for via in &procs {
+        let name = format!("skew-via-{}", via.id);
+        let keys = keys_owned_by(&ids, &name, 4);
+        let mut client = via.client().await;
+        for k in &keys {
+            for hit in 0..LIMIT + 2 {
+                let answer = check(&mut client, vec![inline(&name, k, LIMIT, WINDOW_MS)])
+                    .await
+                    .unwrap_or_else(|e| panic!("via {}, {k}, hit {hit}: {e}", via.id))
+                    .remove(0);
+                let want = if hit < LIMIT {
+                    pb::Status::UnderLimit
+                } else {
+                    pb::Status::OverLimit
+                };
+                assert_eq!(
+                    answer.status, want as i32,
+                    "via {}, {k}, hit {hit}: {answer:?}",
+                    via.id
+                );
+                assert!(
+                    !answer.approximate,
+                    "via {}, {k}, hit {hit}: decided without its owner: {answer:?}",
+                    via.id
+                );
+                let left = (LIMIT - 1 - hit).max(0);
+                assert_eq!(answer.remaining, left, "via {}, {k}, hit {hit}", via.id);
+            }
+        }
+    }
+
+    // Nothing fell back, anywhere.
+    for p in &procs {
+        assert_eq!(
+            p.metric("sluice_fallback_decisions").await,
+            0.0,
+            "{} decided without an owner",
+            p.id
+        );
+    }
+    // Each node reads its peers' offsets from their answers: the true
+    // node sees +0.5 s and -0.5 s (loopback round trips are well under
+    // the 100 ms tolerance).
+    let truth = &procs[1];
+    for (peer, want) in [("skew-ahead", 0.5), ("skew-behind", -0.5)] {
+        let seen = truth
+            .metric(&format!(
+                "sluice_peer_clock_offset_seconds{{peer=\"{peer}\"}}"
+            ))
+            .await;
+        assert!(
+            (seen - want).abs() < 0.1,
+            "{} sees {peer}'s clock {seen:+.3} s off, want {want:+.1}",
+            truth.id
+        );
+    }
+}

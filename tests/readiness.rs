@@ -1,0 +1,159 @@
+//! Ready means ready (issue 18), on real `sluice serve` processes: a node
+//! whose seeds answer late says `NOT_SERVING` on gRPC health (the
+//! DaemonSet's readiness probe) and 503 on `/readyz` until it joined, and in
+//! between decides nothing from a fresh state — a key whose owner it cannot
+//! name is answered `UNAVAILABLE`, reason `NOT_READY`.
+//!
+//! Intervals: gossip 500 ms here, so a node whose seeds do not answer waits
+//! 5 s (10 rounds, the most `join` waits) before it starts alone; the test
+//! needs well under a second of that window.
+
+mod common;
+
+use std::time::Duration;
+
+use common::procs::{Proc, check, ports, spawn};
+use common::{eventually, http_get, inline};
+use sluice::proto::v1 as pb;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+const GOSSIP_INTERVAL: &str = "500ms";
+const SETTLE: Duration = Duration::from_secs(20);
+
+/// gRPC health of `service` ("" for the server) at `p`; None while the
+/// port does not answer.
+async fn health(p: &Proc, service: &str) -> Option<ServingStatus> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", p.grpc))
+        .ok()?
+        .connect_timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .ok()?;
+    let answer = HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: service.into(),
+        })
+        .await
+        .ok()?;
+    ServingStatus::try_from(answer.into_inner().status).ok()
+}
+
+async fn readyz(p: &Proc) -> u16 {
+    http_get(&format!("http://{}/readyz", p.http)).await.0
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_joining_node_is_not_serving_and_decides_nothing_until_it_joined() {
+    let gossip = ports(2);
+    let env = [("SLUICE_CLUSTER__GOSSIP_INTERVAL", GOSSIP_INTERVAL)];
+    // Its only seed (b) is not up yet.
+    let a = spawn("ready-a", gossip[0], &gossip[1..], &env);
+    let until = std::time::Instant::now() + SETTLE;
+    let first = loop {
+        if let Some(status) = health(&a, "").await {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "a's gRPC port answers health checks"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(first, ServingStatus::NotServing, "health while joining");
+    assert_eq!(
+        health(&a, "sluice.v1.RateLimiter").await,
+        Some(ServingStatus::NotServing)
+    );
+    assert_eq!(readyz(&a).await, 503);
+
+    // Keys checked now: none decided (so none consumed), each says why.
+    let keys: Vec<String> = (0..20).map(|i| format!("early-{i}")).collect();
+    let requests = keys.iter().map(|k| inline("ready", k, 1, 60_000)).collect();
+    let answers = check(&mut a.client().await, requests)
+        .await
+        .expect("a answers while joining");
+    // Still joining when it answered (or the answers prove nothing).
+    assert_eq!(health(&a, "").await, Some(ServingStatus::NotServing));
+    for (k, answer) in keys.iter().zip(&answers) {
+        assert_eq!(
+            answer.status,
+            pb::Status::Unavailable as i32,
+            "{k}: {answer:?}"
+        );
+        assert_eq!(
+            answer.reason,
+            pb::Reason::NotReady as i32,
+            "{k}: {answer:?}"
+        );
+    }
+
+    // The seed comes up: a joins, and says so on both probes.
+    let b = spawn("ready-b", gossip[1], &gossip[..1], &env);
+    eventually("a serving once joined", SETTLE, || async {
+        health(&a, "").await == Some(ServingStatus::Serving)
+    })
+    .await;
+    assert_eq!(readyz(&a).await, 200);
+    eventually("b serving once joined", SETTLE, || async {
+        health(&b, "").await == Some(ServingStatus::Serving)
+    })
+    .await;
+
+    // Every early key is still whole: a limit of 1 admits its first hit
+    // now, exactly (nothing was taken from it while a was joining), and
+    // refuses the second, through either node.
+    for (k, via) in keys.iter().zip([&a, &b].into_iter().cycle()) {
+        let mut client = via.client().await;
+        for want in [pb::Status::UnderLimit, pb::Status::OverLimit] {
+            let answer = check(&mut client, vec![inline("ready", k, 1, 60_000)])
+                .await
+                .unwrap()
+                .remove(0);
+            assert_eq!(answer.status, want as i32, "{k}: {answer:?}");
+            assert!(!answer.approximate, "{k}: {answer:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leaving_node_stops_serving_before_it_goes() {
+    let gossip = ports(1);
+    let mut a = spawn("leaving-a", gossip[0], &[], &[]);
+    eventually("a serving", SETTLE, || async {
+        health(&a, "").await == Some(ServingStatus::Serving)
+    })
+    .await;
+    // SIGTERM: the node leaves (announces it, hands off) and exits; it is
+    // not ready from the moment it starts leaving. Watch the probe over one
+    // connection until the process is gone.
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", a.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut watch = HealthClient::new(channel)
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let serving = watch.message().await.unwrap().unwrap();
+    assert_eq!(serving.status, ServingStatus::Serving as i32);
+    assert!(a.signal("TERM"));
+    let next = tokio::time::timeout(SETTLE, watch.message())
+        .await
+        .expect("health changes once the node leaves");
+    let next = next.expect("the node says so before its server stops");
+    assert_eq!(
+        next.map(|n| n.status),
+        Some(ServingStatus::NotServing as i32)
+    );
+    // The watch stays open: the node still exits (it does not wait on a
+    // stream that never ends).
+    let exit = a.child.wait().unwrap();
+    assert!(exit.success(), "a exits cleanly: {exit:?}");
+    drop(watch);
+}
