@@ -7,8 +7,9 @@
 //! not: a node resumed from a suspend would stamp its states in the past,
 //! and its peers would refill them) — plus a correction toward the wall
 //! clock. The correction is fixed at boot and then *slewed*: every
-//! [`Clock::resync`] it moves toward the wall clock at most [`MAX_SLEW`] of
-//! the time passing, so the clock never goes backwards and never jumps, yet
+//! [`Clock::resync`] it moves toward the wall clock at most
+//! [`MAX_SLEW_PPM`] of the time passing, so the clock never goes backwards
+//! and never jumps, yet
 //! a node started before NTP synced comes into step instead of staying off
 //! all its life. [`FakeClock`] lets tests drive time by hand.
 
@@ -49,26 +50,41 @@ pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
 /// A shared clock handle.
 pub type SharedClock = Arc<dyn Clock>;
 
-/// The most the correction moves per unit of time passing: 5% (a node a
-/// second off comes into step in 20 s; its clock runs at 0.95–1.05 speed
-/// meanwhile, never backwards).
-pub const MAX_SLEW: f64 = 0.05;
+/// The most the correction moves per unit of time passing: 500 ppm, as
+/// the kernel's own `adjtime` (a node a second off comes into step in
+/// about half an hour; its clock runs at 0.9995–1.0005 speed meanwhile, so
+/// no key refills or drains noticeably faster, and it never goes back).
+pub const MAX_SLEW_PPM: i64 = 500;
 
-/// Boot-clock time plus a correction that moves linearly from `at` (boot
-/// ns) at `rate` until `until`, then stays.
-#[derive(Debug, Clone, Copy)]
+/// How far ahead of its computation a new steering segment starts: a
+/// reader that read the boot clock before the segment was stored, and so
+/// still uses the old one, gets exactly what the new one says for that
+/// instant (both agree until the segment starts).
+const LEAD: u64 = 10_000_000;
+
+/// The correction from boot time `at` on: `correction` there, moving at
+/// `rate_ppm` until `until`, then constant; before `at`, the previous
+/// segment's.
+#[derive(Debug)]
 struct Line {
     at: u64,
-    correction: i128,
-    /// Correction per ns of boot time, in millionths (|rate| ≤ MAX_SLEW).
+    correction: i64,
     rate_ppm: i64,
     until: u64,
+    prev: Option<Arc<Line>>,
 }
 
 impl Line {
-    fn correction(&self, boot: u64) -> i128 {
-        let run = boot.clamp(self.at, self.until.max(self.at)) - self.at;
-        self.correction + i128::from(run) * i128::from(self.rate_ppm) / 1_000_000
+    fn correction(&self, boot: u64) -> i64 {
+        if boot < self.at
+            && let Some(prev) = &self.prev
+        {
+            return prev.correction(boot);
+        }
+        // At most ~213 days of run, so the product fits an i64.
+        let run = (boot.clamp(self.at, self.until.max(self.at)) - self.at).min(1 << 54) as i64;
+        self.correction
+            .saturating_add(run.saturating_mul(self.rate_ppm) / 1_000_000)
     }
 }
 
@@ -81,10 +97,10 @@ pub struct SystemClock {
     line: ArcSwap<Line>,
 }
 
-fn wall() -> i128 {
+fn wall() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i128)
+        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
         .unwrap_or(0)
 }
 
@@ -100,40 +116,51 @@ impl SystemClock {
             offset,
             line: ArcSwap::from_pointee(Line {
                 at: boot,
-                correction: wall() + i128::from(offset) - i128::from(boot),
+                correction: wall().saturating_add(offset).saturating_sub(boot as i64),
                 rate_ppm: 0,
                 until: boot,
+                prev: None,
             }),
         }
     }
 
     /// The clock as it reads at boot time `boot`.
     fn at(&self, boot: u64) -> Nanos {
-        let t = i128::from(boot) + self.line.load().correction(boot);
-        t.clamp(0, i128::from(u64::MAX)) as u64
+        (boot as i64)
+            .saturating_add(self.line.load().correction(boot))
+            .max(0) as u64
     }
 
-    /// Steer from boot time `boot` toward `target` (epoch ns then): over
-    /// the next `horizon` ns, at most [`MAX_SLEW`].
-    fn steer(&self, boot: u64, target: i128, horizon: u64) {
-        let now = self.line.load();
-        let correction = now.correction(boot);
-        let error = target - (i128::from(boot) + correction);
-        let max = (MAX_SLEW * 1e6) as i64;
-        let want = (error * 1_000_000 / i128::from(horizon.max(1)))
-            .clamp(-i128::from(max), i128::from(max)) as i64;
-        let until = if want == 0 {
-            boot
+    /// Steer toward `target` (epoch ns as of boot time `boot`): a new
+    /// segment from `start` (≥ `boot`) closing the error at up to
+    /// [`MAX_SLEW_PPM`] over the next `horizon` ns.
+    fn steer(&self, boot: u64, target: i64, horizon: u64, start: u64) {
+        let old = self.line.load_full();
+        let error = target.saturating_sub((boot as i64).saturating_add(old.correction(boot)));
+        let rate = (i128::from(error) * 1_000_000 / i128::from(horizon.max(1)))
+            .clamp(-i128::from(MAX_SLEW_PPM), i128::from(MAX_SLEW_PPM)) as i64;
+        let start = start.max(boot);
+        let until = if rate == 0 {
+            start
         } else {
             // Long enough to close the error at this rate, no longer.
-            let run = (error.unsigned_abs() * 1_000_000 / u128::from(want.unsigned_abs())) as u64;
-            boot.saturating_add(run)
+            let run =
+                u128::from(error.unsigned_abs()) * 1_000_000 / u128::from(rate.unsigned_abs());
+            start.saturating_add(u64::try_from(run).unwrap_or(u64::MAX))
+        };
+        let prev = Line {
+            at: old.at,
+            correction: old.correction,
+            rate_ppm: old.rate_ppm,
+            until: old.until,
+            prev: None,
         };
         self.line.store(Arc::new(Line {
-            at: boot,
-            correction,
-            rate_ppm: want,
+            at: start,
+            correction: old.correction(start),
+            rate_ppm: rate,
             until,
+            prev: Some(Arc::new(prev)),
         }));
     }
 }
@@ -150,8 +177,16 @@ impl Clock for SystemClock {
     }
 
     fn resync(&self) {
-        // Close the error over the next second (at most MAX_SLEW of it).
-        self.steer(boot_time(), wall() + i128::from(self.offset), 1_000_000_000);
+        // Close the error over the next second (at most MAX_SLEW_PPM of
+        // it), from LEAD on.
+        let boot = boot_time();
+        let target = wall().saturating_add(self.offset);
+        self.steer(
+            boot,
+            target,
+            1_000_000_000,
+            boot_time().saturating_add(LEAD),
+        );
     }
 }
 
@@ -196,44 +231,54 @@ mod tests {
     #[test]
     fn an_offset_clock_is_that_far_off() {
         let c = SystemClock::with_offset(-500_000_000);
-        let off = wall() - i128::from(c.now());
+        let off = wall() - c.now() as i64;
         assert!((499_000_000..600_000_000).contains(&off), "{off}");
     }
 
     /// Steered by hand over a fake boot timeline: the clock never goes
-    /// backwards and never moves faster than 1 + MAX_SLEW or slower than
-    /// 1 − MAX_SLEW, and it reaches its target.
+    /// backwards, never moves faster than 1 + MAX_SLEW or slower than
+    /// 1 − MAX_SLEW, agrees with the old segment before the new one starts,
+    /// and reaches its target.
     #[test]
     fn slewing_never_goes_backwards_and_converges() {
         let c = SystemClock::with_offset(0);
         let start = c.line.load().at;
         let epoch = |b: u64| c.at(start + b);
         let t0 = epoch(0);
-        // The wall clock turns out 1 s behind this clock: slow down.
-        c.steer(start, i128::from(t0) - 1_000_000_000, 1_000_000_000);
-        let mut last = t0;
+        // The wall clock turns out 0.1 s behind this clock: slow down,
+        // from 10 ms on.
+        let lead = 10_000_000;
+        let before = epoch(5_000_000);
+        c.steer(start, t0 as i64 - 100_000_000, 1_000_000_000, start + lead);
+        assert_eq!(epoch(5_000_000), before, "unchanged before the segment");
         let step = 10_000_000; // 10 ms
-        for i in 1..=3_000u64 {
+        let slow = (step as f64 * (1.0 - MAX_SLEW_PPM as f64 / 1e6)) as u64;
+        let mut last = t0;
+        for i in 1..=30_000u64 {
             let t = epoch(i * step);
             let moved = t - last;
-            assert!(
-                moved >= (step as f64 * (1.0 - MAX_SLEW)) as u64 - 1,
-                "{i}: {moved}"
-            );
-            assert!(moved <= step, "{i}: {moved}");
+            assert!(moved + 1 >= slow && moved <= step, "{i}: {moved}");
             last = t;
         }
-        // 30 s of boot time later: 1 s slower, exactly (in step, then
-        // running at full speed again).
-        assert_eq!(epoch(30_000_000_000), t0 + 30_000_000_000 - 1_000_000_000);
-        // Now 2 s behind the wall clock: speed up, never past it.
-        let b = 30_000_000_000;
-        let target = i128::from(epoch(b)) + 2_000_000_000;
-        c.steer(start + b, target, 1_000_000_000);
-        let later = epoch(b + 100_000_000_000);
-        assert_eq!(i128::from(later), target + 100_000_000_000);
-        let mid = epoch(b + 10_000_000_000);
-        assert_eq!(mid, epoch(b) + 10_000_000_000 + 500_000_000, "5% of 10 s");
+        // 300 s of boot time later: 0.1 s slower, exactly (in step after
+        // 200 s at 500 ppm, then at full speed again).
+        assert_eq!(epoch(300_000_000_000), t0 + 300_000_000_000 - 100_000_000);
+        // Now 1 s behind the wall clock: speed up, never past it.
+        let b = 300_000_000_000;
+        let target = epoch(b) as i64 + 1_000_000_000;
+        c.steer(start + b, target, 1_000_000_000, start + b);
+        let mid = epoch(b + 100_000_000_000);
+        assert_eq!(
+            mid,
+            epoch(b) + 100_000_000_000 + 50_000_000,
+            "500 ppm of 100 s"
+        );
+        let later = epoch(b + 3_000_000_000_000);
+        assert_eq!(later as i64, target + 3_000_000_000_000);
+        // A wall clock absurdly far off: no panic, still bounded speed.
+        c.steer(start + b, i64::MAX, 1, start + b);
+        let x = epoch(b + 3_000_000_000_001);
+        assert!(x > later);
     }
 
     #[test]

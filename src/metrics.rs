@@ -346,7 +346,7 @@ impl ClusterMetrics {
         );
         registry.register(
             "sluice_late_forwards",
-            "Forwards decided without the owner although it was reachable: the caller's budget ran out first",
+            "Forwards decided without the owner because its answer missed the caller's budget",
             self.late_forwards.clone(),
         );
         registry.register(
@@ -424,6 +424,10 @@ impl ClusterMetrics {
         self.clock_offsets
             .get_or_create(&vec![("peer", peer.to_string())])
             .set(seconds);
+    }
+
+    pub fn forget_clock(&self, peer: &str) {
+        self.clock_offsets.remove(&vec![("peer", peer.to_string())]);
     }
 
     pub fn rpc_attempt(&self, peer: &str) {

@@ -499,3 +499,65 @@ async fn a_saturated_node_sheds_with_a_typed_answer() {
         "{metrics}"
     );
 }
+
+/// A client's `skip_batching` is bounded like a batch (issue 18): one
+/// 100-item call of keys another node owns sends at most the peer's queue
+/// plus its in-flight bound as RPCs — the rest fall back at once, as a full
+/// queue does — where it used to send 100 concurrent RPCs (whose timeouts
+/// would open the breaker for every caller).
+#[tokio::test(flavor = "multi_thread")]
+async fn skip_batching_is_bounded_like_a_batch() {
+    const QUEUE: usize = 4;
+    const IN_FLIGHT: usize = 2;
+    let nodes = cluster(3, |c| {
+        fast(c);
+        c.cluster.peer_queue = QUEUE;
+        c.cluster.peer_in_flight = IN_FLIGHT;
+        // The call's budget (no deadline sent): ample, so the admitted
+        // forwards that wait for an in-flight slot all get their turn.
+        c.cluster.forward_timeout = Duration::from_secs(2);
+    })
+    .await;
+    let ring = nodes[0].node.limiter.ring();
+    let keys: Vec<String> = (0..)
+        .map(|i| format!("unbatched-{i}"))
+        .filter(|k| &*ring.owner(&key::encode("fault", k)).unwrap().node_id == "node-1")
+        .take(100)
+        .collect();
+    let rpcs = "sluice_peer_rpcs_total{peer=\"node-1\"}";
+    let before = metric(&nodes[0].http_get("/metrics").await.1, rpcs);
+    let requests = keys
+        .iter()
+        .map(|k| {
+            let mut r = request();
+            r.unique_key = k.clone();
+            r.skip_batching = true;
+            r
+        })
+        .collect();
+    let answers = nodes[0].check_all(requests).await;
+    let sent = metric(&nodes[0].http_get("/metrics").await.1, rpcs) - before;
+    let exact = answers.iter().filter(|a| !a.approximate).count();
+    println!("skip_batching, 100 items: {sent} RPCs, {exact} decided by the owner");
+    assert!(
+        sent <= (QUEUE + IN_FLIGHT) as f64,
+        "{sent} RPCs for one call; the bound is {}",
+        QUEUE + IN_FLIGHT
+    );
+    assert_eq!(
+        exact,
+        QUEUE + IN_FLIGHT,
+        "the admitted ones reach the owner"
+    );
+    // Per key: decided by the owner (admitted: a first hit), or — beyond
+    // the bound — at once without it, on node-0's lease (a key it never
+    // saw has an empty lease), never an error.
+    for (k, a) in keys.iter().zip(&answers) {
+        assert!(a.error.is_none(), "{k}: {a:?}");
+        if a.approximate {
+            assert_eq!(a.path, pb::Path::Fallback as i32, "{k}: {a:?}");
+        } else {
+            assert!(under(a), "{k}: {a:?}");
+        }
+    }
+}

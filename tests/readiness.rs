@@ -145,15 +145,29 @@ async fn a_leaving_node_stops_serving_before_it_goes() {
     assert!(a.signal("TERM"));
     let next = tokio::time::timeout(SETTLE, watch.message())
         .await
-        .expect("health changes once the node leaves");
-    let next = next.expect("the node says so before its server stops");
+        .expect("health changes once the node leaves")
+        .expect("the node says so before its server stops");
     assert_eq!(
         next.map(|n| n.status),
         Some(ServingStatus::NotServing as i32)
     );
-    // The watch stays open: the node still exits (it does not wait on a
-    // stream that never ends).
-    let exit = a.child.wait().unwrap();
+    // Then the stream ends — the node drops its statuses at shutdown, so
+    // an open Watch does not hold the graceful server up — and the node
+    // exits.
+    let end = tokio::time::timeout(SETTLE, watch.message())
+        .await
+        .expect("the watch ends with the node");
+    assert!(
+        matches!(end, Ok(None) | Err(_)),
+        "nothing after NOT_SERVING: {end:?}"
+    );
+    let until = std::time::Instant::now() + SETTLE;
+    let exit = loop {
+        if let Some(exit) = a.child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(std::time::Instant::now() < until, "a exits after leaving");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert!(exit.success(), "a exits cleanly: {exit:?}");
-    drop(watch);
 }

@@ -3,9 +3,10 @@
 //! When the owner cannot be reached — an error, a deadline, an open
 //! breaker, a full queue, an owner that cannot answer for the key — or this
 //! node sees fewer than a majority of the cluster, or it may own nothing
-//! right now (back from being away; a node still joining answers
-//! `NOT_READY` for `local_share` keys instead, see `route.rs`), the edge
-//! decides by the key's `on_owner_unreachable`: `local_share` on its `1/N` lease
+//! right now, the edge decides by the key's `on_owner_unreachable` — except
+//! that a node joining (at start, or rejoining after being away) with no
+//! ring to name an owner answers `NOT_READY` for `local_share` keys
+//! instead (see `route.rs`): `local_share` on its `1/N` lease
 //! (approximate answers, reported to the owner later), `allow`, or `deny`
 //! (`UNAVAILABLE` / `OWNER_UNREACHABLE`).
 

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use super::{Limiter, Resolved, Topology, Verdict};
 use crate::cluster::peers::{Forward, ForwardError, Forwarded, TieredAsk};
+use crate::policy::OnOwnerUnreachable;
 use crate::store::key;
 
 impl Limiter {
@@ -64,6 +65,7 @@ impl Limiter {
             tried.push(target.clone());
             item.budget_ns = super::route::budget_left(deadline).as_nanos() as u64;
             if item.budget_ns == 0 {
+                self.shared.metrics.cluster.late_forwards.inc();
                 break;
             }
             let call = peers.forward(&target, &item, r.check.unbatched);
@@ -122,11 +124,17 @@ impl Limiter {
                     tracing::debug!(peer = %target, answer = ?other, "forward not decided");
                     break;
                 }
-                Err(e @ ForwardError::BadAnswer { .. }) => {
-                    // The owner answered, so it may have counted the hit:
-                    // a lease decision on top could count it twice.
+                Err(e @ ForwardError::Malformed { .. })
+                    if r.fallback == OnOwnerUnreachable::LocalShare && !r.shadow =>
+                {
+                    // The owner decided, so it may have counted the hit: a
+                    // lease decision on top could count it twice.
                     tracing::warn!(error = %e, "forward answered badly");
                     return (self.unavailable(r, super::Reason::OwnerUnreachable), None);
+                }
+                Err(e @ (ForwardError::Malformed { .. } | ForwardError::BadAnswer { .. })) => {
+                    tracing::warn!(error = %e, "forward answered badly");
+                    break;
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "forward failed");

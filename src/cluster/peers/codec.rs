@@ -125,12 +125,12 @@ pub fn forwarded_to_wire(f: Forwarded, owner: &str) -> pb::forward_result::Resul
 }
 
 /// An owner's answer read back; an item error or a malformed decision is
-/// the error.
-pub(super) fn forwarded_from_wire(r: pb::ForwardResult) -> Result<Forwarded, String> {
+/// the error (`true`: the owner decided, so it may have counted the hit).
+pub(super) fn forwarded_from_wire(r: pb::ForwardResult) -> Result<Forwarded, (bool, String)> {
     use pb::forward_result::Result as R;
     match r.result {
         Some(R::Decision(d)) => Ok(Forwarded::Decided {
-            decision: decision_from_wire(&d)?,
+            decision: decision_from_wire(&d).map_err(|e| (true, e))?,
             approximate: d.approximate,
             grant: d.grant.map(|g| (g.amount, g.ttl_ns)),
             reset_gen: d.reset_gen,
@@ -138,8 +138,8 @@ pub(super) fn forwarded_from_wire(r: pb::ForwardResult) -> Result<Forwarded, Str
         Some(R::Redirect(to)) => Ok(Forwarded::Redirect(Arc::from(to.node_id))),
         Some(R::Expired(_)) => Ok(Forwarded::Expired),
         Some(R::Unavailable(_)) => Ok(Forwarded::Unavailable),
-        Some(R::Error(e)) => Err(format!("item refused: {e}")),
-        None => Err("no result".into()),
+        Some(R::Error(e)) => Err((false, e)),
+        None => Err((false, "no result".into())),
     }
 }
 

@@ -79,6 +79,13 @@ struct Peer {
     queue: mpsc::Sender<Pending>,
     sender: Sender,
     stop: CancellationToken,
+    /// Unbatched forwards (a client's `skip_batching`) are bounded like
+    /// batched ones: `slots` admits `queue + in_flight` at once (beyond, a
+    /// forward fails at once, as a full queue does) and `in_flight` lets
+    /// that many RPCs out — or one 1,000-item call would be 1,000
+    /// concurrent RPCs, whose timeouts open the breaker for everyone.
+    unbatched_slots: Arc<Semaphore>,
+    unbatched_in_flight: Arc<Semaphore>,
 }
 
 /// Everything a batch needs to be sent, shared by a peer's tasks.
@@ -162,6 +169,10 @@ impl Peers {
             let keep = find(id).is_some_and(|m| m.grpc_addr == p.addr && m.protocol == p.protocol);
             if !keep {
                 p.stop.cancel();
+                if find(id).is_none() {
+                    // Gone: its last offset is no one's clock any more.
+                    self.inner.metrics.forget_clock(id);
+                }
             }
             keep
         });
@@ -224,12 +235,15 @@ impl Peers {
             settings.clone(),
             stop.clone(),
         ));
+        let in_flight = settings.in_flight.max(1);
         Ok(Arc::new(Peer {
             addr: addr.to_string(),
             protocol,
             queue,
             sender,
             stop,
+            unbatched_slots: Arc::new(Semaphore::new(settings.queue.max(1) + in_flight)),
+            unbatched_in_flight: Arc::new(Semaphore::new(in_flight)),
         }))
     }
 
@@ -252,9 +266,13 @@ impl Peers {
         let answer = self
             .forward_wire(node_id, codec::forward_to_wire(item), unbatched)
             .await?;
-        codec::forwarded_from_wire(answer).map_err(|reason| ForwardError::BadAnswer {
-            peer: node_id.to_string(),
-            reason,
+        codec::forwarded_from_wire(answer).map_err(|(decided, reason)| {
+            let peer = node_id.to_string();
+            if decided {
+                ForwardError::Malformed { peer, reason }
+            } else {
+                ForwardError::BadAnswer { peer, reason }
+            }
         })
     }
 
@@ -278,6 +296,26 @@ impl Peers {
                     .map(|mut r| r.remove(0));
             }
             Allow::Yes if unbatched => {
+                let Ok(_slot) = peer.unbatched_slots.clone().try_acquire_owned() else {
+                    self.inner.metrics.forward_error(node_id, "queue_full");
+                    return Err(ForwardError::QueueFull(node_id.to_string()));
+                };
+                let budget = match item.budget_ns {
+                    0 => self.inner.settings.timeout,
+                    b => Duration::from_nanos(b),
+                };
+                let queued = tokio::time::Instant::now();
+                let permit = tokio::time::timeout(budget, peer.unbatched_in_flight.acquire()).await;
+                let Ok(Ok(_permit)) = permit else {
+                    return Err(ForwardError::Unreachable {
+                        peer: node_id.to_string(),
+                        reason: "its budget ran out while queued".into(),
+                    });
+                };
+                let mut item = item;
+                if item.budget_ns != 0 {
+                    item.budget_ns = budget.saturating_sub(queued.elapsed()).as_nanos() as u64;
+                }
                 return peer
                     .sender
                     .send(vec![item], false)

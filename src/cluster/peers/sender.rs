@@ -8,7 +8,12 @@ use super::*;
 /// A peer clock further off than this is warned about: decisions stay
 /// right (owners decide on their own clock, deadlines travel as budgets),
 /// but replicas and handoffs carry times, and an operator should know.
+/// Cleared below [`CLOCK_CLEAR`] (no flapping near the bound).
 const CLOCK_WARN: Duration = Duration::from_millis(250);
+const CLOCK_CLEAR: Duration = Duration::from_millis(200);
+/// A sample from a call slower than this is dropped: the peer stamps its
+/// time after deciding, so a slow call skews the midpoint.
+const CLOCK_MAX_RTT: u64 = 50_000_000;
 
 impl Sender {
     /// The deadline and token of a peer call.
@@ -194,18 +199,22 @@ impl Sender {
             return;
         }
         let received = self.clock.now();
+        if received.saturating_sub(sent_at) > CLOCK_MAX_RTT {
+            return;
+        }
         let midpoint = sent_at / 2 + received / 2 + (sent_at % 2 + received % 2) / 2;
         let offset = peer_now as i128 - midpoint as i128;
         let seconds = offset as f64 / 1e9;
         self.metrics.clock_offset(&self.node_id, seconds);
         let off = offset.unsigned_abs() > CLOCK_WARN.as_nanos();
+        let back = offset.unsigned_abs() < CLOCK_CLEAR.as_nanos();
         if off && !self.clock_warned.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 peer = %self.node_id,
                 offset_s = seconds,
                 "a peer's clock is off from this node's (check NTP on both)"
             );
-        } else if !off && self.clock_warned.swap(false, Ordering::Relaxed) {
+        } else if back && self.clock_warned.swap(false, Ordering::Relaxed) {
             tracing::info!(peer = %self.node_id, offset_s = seconds, "peer clock back in step");
         }
     }

@@ -138,9 +138,13 @@ pub enum ForwardError {
     /// reachable (no breaker failure), the call must change.
     #[error("peer {peer} refused the call: {reason}")]
     Refused { peer: String, reason: String },
-    /// The peer answered an item with an error or a malformed decision.
-    #[error("peer {peer} answered badly: {reason}")]
+    /// The peer answered the item with an error (it counted nothing).
+    #[error("peer {peer} refused the item: {reason}")]
     BadAnswer { peer: String, reason: String },
+    /// The peer decided the item, but its answer does not read: it may
+    /// have counted the hit.
+    #[error("peer {peer} sent a malformed decision: {reason}")]
+    Malformed { peer: String, reason: String },
 }
 
 /// A state received from a peer (a pull or a transfer page).
