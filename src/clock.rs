@@ -148,6 +148,9 @@ impl SystemClock {
                 u128::from(error.unsigned_abs()) * 1_000_000 / u128::from(rate.unsigned_abs());
             start.saturating_add(u64::try_from(run).unwrap_or(u64::MAX))
         };
+        // A pause past the lead (the steering thread descheduled) would let
+        // readers past `start` use the old line: start later instead.
+        let start = start.max(boot_time().saturating_add(LEAD / 2));
         let prev = Line {
             at: old.at,
             correction: old.correction,

@@ -4,7 +4,7 @@
 use super::*;
 
 /// A batch does not send an item with less budget than this left.
-const LEAST_BUDGET: Duration = Duration::from_millis(1);
+pub(super) const LEAST_BUDGET: Duration = Duration::from_millis(1);
 
 /// Collect items into batches and send them, a bounded number at a time.
 ///

@@ -139,7 +139,9 @@ pub(super) fn forwarded_from_wire(r: pb::ForwardResult) -> Result<Forwarded, (bo
         Some(R::Expired(_)) => Ok(Forwarded::Expired),
         Some(R::Unavailable(_)) => Ok(Forwarded::Unavailable),
         Some(R::Error(e)) => Err((false, e)),
-        None => Err((false, "no result".into())),
+        // A result kind this build does not know (a newer peer): it may
+        // have decided the item.
+        None => Err((true, "no result this build reads".into())),
     }
 }
 

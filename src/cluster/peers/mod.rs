@@ -104,6 +104,8 @@ struct Sender {
     /// A warning about this peer's clock offset is out (and not yet
     /// cleared by the offset falling back under the bound).
     clock_warned: Arc<AtomicBool>,
+    /// Cancelled when the peer leaves the ring (its gauges are dropped).
+    gone: CancellationToken,
 }
 
 /// The set of peer clients; cheap to clone.
@@ -228,6 +230,7 @@ impl Peers {
             faults: self.inner.faults.clone(),
             clock: settings.clock.clone(),
             clock_warned: Arc::new(AtomicBool::new(false)),
+            gone: stop.clone(),
         };
         tokio::spawn(batcher::batch_loop(
             rx,
@@ -312,9 +315,26 @@ impl Peers {
                         reason: "its budget ran out while queued".into(),
                     });
                 };
+                // As a batch does: nothing is sent with its budget all but
+                // spent (the edge falls back; an owner applying it too
+                // would count it twice), nor past a breaker that opened
+                // meanwhile.
+                let left = budget.saturating_sub(queued.elapsed());
+                if left < batcher::LEAST_BUDGET {
+                    return Err(ForwardError::Unreachable {
+                        peer: node_id.to_string(),
+                        reason: "its budget ran out while queued".into(),
+                    });
+                }
+                // Read, not `allow()`: that would take a half-open
+                // breaker's probe slot, which only an attempt releases.
+                if peer.sender.breaker.state() == BreakerState::Open {
+                    self.inner.metrics.breaker_rejections.inc();
+                    return Err(ForwardError::BreakerOpen(node_id.to_string()));
+                }
                 let mut item = item;
                 if item.budget_ns != 0 {
-                    item.budget_ns = budget.saturating_sub(queued.elapsed()).as_nanos() as u64;
+                    item.budget_ns = left.as_nanos() as u64;
                 }
                 return peer
                     .sender

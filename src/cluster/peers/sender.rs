@@ -195,7 +195,9 @@ impl Sender {
     /// The peer's clock offset, from its `now` in an answer against the
     /// call's midpoint on this node's clock (0: a peer that sends none).
     fn observe_clock(&self, sent_at: u64, peer_now: u64) {
-        if peer_now == 0 {
+        // A peer removed from the ring had its gauge dropped: a call still
+        // in flight to it must not bring the gauge back.
+        if peer_now == 0 || self.gone.is_cancelled() {
             return;
         }
         let received = self.clock.now();
