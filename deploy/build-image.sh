@@ -16,7 +16,9 @@ bin=target/release/sluice
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-mkdir -p "$stage/rootfs/usr/local/bin" "$stage/rootfs/tmp"
+mkdir -p "$stage/rootfs/usr/local/bin" "$stage/rootfs/tmp" "$stage/run"
+# The admin token's directory (SLUICE_ADMIN__TOKEN_FILE), the node's own.
+chmod 0700 "$stage/run"
 cp deploy/Dockerfile "$stage/"
 install -m 0755 "$bin" "$stage/rootfs/usr/local/bin/sluice"
 # Every shared object the binary loads, at the path it is loaded from.

@@ -36,6 +36,8 @@ pub struct Config {
     pub grpc_addr: SocketAddr,
     /// HTTP: `/metrics`, `/healthz`, `/readyz`.
     pub http_addr: SocketAddr,
+    /// The admin API's own listener and credential.
+    pub admin: AdminConfig,
     pub log_format: LogFormat,
     pub limits: Limits,
     pub cluster: ClusterConfig,
@@ -81,6 +83,43 @@ pub struct Limits {
     pub max_connections: usize,
     /// Concurrent HTTP/2 streams (calls) per connection.
     pub max_concurrent_streams: u32,
+}
+
+/// Who may reset, inspect and list keys (`sluice.v1.Admin`). Apps must
+/// not: a reset refills a quota. So the admin API has its own listener,
+/// on loopback unless configured otherwise, and every call on it carries
+/// the admin token (`authorization: Bearer …`) — or a peer token from the
+/// cluster secret, which operators of a cluster hold and apps do not.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    /// The admin gRPC listener (admin API and health).
+    pub addr: SocketAddr,
+    /// The admin token itself (prefer `token_file`, or `SLUICE_ADMIN__TOKEN`).
+    pub token: Option<String>,
+    /// Where the admin token is read from; when the file does not exist, a
+    /// random token is generated at start and written there (mode 0600),
+    /// where `sluice admin` finds it. In Kubernetes, a Secret's file or an
+    /// `emptyDir` (the root filesystem is read-only).
+    pub token_file: PathBuf,
+}
+
+/// The admin token's file when none is configured (relative: beside where
+/// the node runs, which is where `sluice admin` looks by default).
+pub const DEFAULT_ADMIN_TOKEN_FILE: &str = "sluice-admin.token";
+
+/// An admin token shorter than this is refused: it is the only thing
+/// between a reachable admin port and every key's reset.
+pub const MIN_ADMIN_TOKEN_BYTES: usize = 16;
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            addr: "127.0.0.1:8082".parse().expect("valid literal"),
+            token: None,
+            token_file: PathBuf::from(DEFAULT_ADMIN_TOKEN_FILE),
+        }
+    }
 }
 
 /// Membership and forwarding. With no `seeds`, the node is a healthy
@@ -273,6 +312,7 @@ impl Default for Config {
             node_id: std::env::var("HOSTNAME").unwrap_or_else(|_| "sluice".to_string()),
             grpc_addr: "0.0.0.0:8081".parse().expect("valid literal"),
             http_addr: "0.0.0.0:8080".parse().expect("valid literal"),
+            admin: AdminConfig::default(),
             log_format: LogFormat::Text,
             limits: Limits::default(),
             cluster: ClusterConfig::default(),
@@ -439,7 +479,19 @@ impl Config {
                 return Err(ConfigError(format!("{key}: must be greater than zero")));
             }
         }
-        c.secret_bytes()?;
+        let secret = c.secret_bytes()?;
+        if !c.seeds.is_empty() && secret.is_none() && c.tls.is_none() {
+            return Err(ConfigError(
+                "cluster.secret: required with cluster.seeds (or cluster.tls): without it the peer API, which can reset and spend any key, would answer anyone who reaches the port".into(),
+            ));
+        }
+        if let Some(token) = &self.admin.token
+            && token.trim().len() < MIN_ADMIN_TOKEN_BYTES
+        {
+            return Err(ConfigError(format!(
+                "admin.token: at least {MIN_ADMIN_TOKEN_BYTES} bytes"
+            )));
+        }
         if c.tls.is_some() && c.peer_addr.is_none() {
             return Err(ConfigError(
                 "cluster.peer_addr: required with cluster.tls (peers and apps do not share a listener)".into(),

@@ -23,7 +23,6 @@ use futures::FutureExt;
 
 use common::{eventually, free_port, inline, under};
 use sluice::proto::v1 as pb;
-use sluice::proto::v1::admin_client::AdminClient;
 use sluice::proto::v1::rate_limiter_client::RateLimiterClient;
 use tonic::transport::Channel;
 
@@ -67,7 +66,7 @@ fn memory_kib(pid: u32) -> (u64, u64) {
     (field("VmHWM:"), field("VmRSS:"))
 }
 
-async fn inspect(admin: &mut AdminClient<Channel>, name: &str, key: &str) -> Option<pb::KeyState> {
+async fn inspect(admin: &mut common::Admin, name: &str, key: &str) -> Option<pb::KeyState> {
     let r = admin
         .inspect_key(pb::InspectKeyRequest {
             key: Some(pb::KeyRef {
@@ -86,6 +85,7 @@ async fn inspect(admin: &mut AdminClient<Channel>, name: &str, key: &str) -> Opt
 async fn ten_million_keys_against_a_one_million_key_cap() {
     let grpc = format!("127.0.0.1:{}", free_port());
     let http = format!("127.0.0.1:{}", free_port());
+    let admin_addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let node = Proc(
         Command::new(BIN)
             .args(["serve", "--grpc-addr", &grpc, "--http-addr", &http])
@@ -94,6 +94,8 @@ async fn ten_million_keys_against_a_one_million_key_cap() {
                 format!("127.0.0.1:{}", free_port()),
             )
             .env("SLUICE_LIMITS__MAX_KEYS", CAP.to_string())
+            .env("SLUICE_ADMIN__ADDR", admin_addr.to_string())
+            .env("SLUICE_ADMIN__TOKEN", common::ADMIN_TOKEN)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -251,7 +253,7 @@ async fn ten_million_keys_against_a_one_million_key_cap() {
         peak_kib / 1024
     );
     assert_eq!(shed, 0, "the steady key was never shed or refused");
-    let mut admin = AdminClient::new(channel.clone());
+    let mut admin = common::admin_client(admin_addr).await;
     let steady_state = inspect(&mut admin, "steady", "s")
         .await
         .expect("the steady key was never evicted");

@@ -6,7 +6,6 @@ mod common;
 
 use common::{config, inline, start, under};
 use sluice::proto::v1 as pb;
-use sluice::proto::v1::admin_client::AdminClient;
 use tokio_stream::StreamExt;
 
 fn key(name: &str, k: &str) -> Option<pb::KeyRef> {
@@ -19,7 +18,7 @@ fn key(name: &str, k: &str) -> Option<pb::KeyRef> {
 #[tokio::test]
 async fn reset_is_the_admin_way_to_refill_a_key() {
     let n = start(config()).await;
-    let mut admin = AdminClient::new(n.channel.clone());
+    let mut admin = n.admin().await;
     for _ in 0..3 {
         n.check(inline("api", "alice", 3, 60_000)).await;
     }
@@ -74,7 +73,7 @@ async fn reset_is_the_admin_way_to_refill_a_key() {
 #[tokio::test]
 async fn top_keys_by_hits_and_by_refusals() {
     let n = start(config()).await;
-    let mut admin = AdminClient::new(n.channel.clone());
+    let mut admin = n.admin().await;
     for (k, count, limit) in [("busy", 20, 100), ("blocked", 8, 2), ("quiet", 1, 100)] {
         for _ in 0..count {
             n.check(inline("top", k, limit, 60_000)).await;

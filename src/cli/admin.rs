@@ -7,8 +7,9 @@ use crate::proto::v1 as pb;
 
 #[derive(Args, Debug)]
 pub struct AdminArgs {
-    /// The node's gRPC address.
-    #[arg(long, default_value = "127.0.0.1:8081", global = true)]
+    /// The node's admin address (`admin.addr`; with a cluster secret, its
+    /// peer or gRPC address will do too).
+    #[arg(long, default_value = "127.0.0.1:8082", global = true)]
     addr: String,
     #[command(flatten)]
     operator: super::Operator,

@@ -17,8 +17,9 @@ pub struct ClusterArgs {
 enum ClusterCommand {
     /// Members, lifecycle states, ring shares, epoch and N, as one node sees them.
     Status {
-        /// The node's gRPC address.
-        #[arg(long, default_value = "127.0.0.1:8081")]
+        /// The node's admin address (`admin.addr`; with a cluster secret,
+        /// its peer or gRPC address will do too).
+        #[arg(long, default_value = "127.0.0.1:8082")]
         addr: String,
         #[arg(long)]
         json: bool,

@@ -102,18 +102,39 @@ pub struct Operator {
     /// The name the nodes' certificates carry.
     #[arg(long, default_value = "sluice-peer", global = true)]
     server_name: String,
+    /// The admin token (default: read from --token-file).
+    #[arg(
+        long,
+        env = "SLUICE_ADMIN__TOKEN",
+        hide_env_values = true,
+        global = true
+    )]
+    token: Option<String>,
+    /// The file the node wrote its admin token to (`admin.token_file`;
+    /// default `sluice-admin.token`, used when it exists).
+    #[arg(long, env = "SLUICE_ADMIN__TOKEN_FILE", global = true)]
+    token_file: Option<std::path::PathBuf>,
 }
 
-/// Signs each admin call with a fresh peer token.
+/// Adds the operator's credentials to each admin call: the admin token,
+/// and a fresh peer token when the cluster secret is known.
 #[derive(Clone)]
-struct Signer(crate::cluster::auth::Secret);
+struct Signer {
+    secret: crate::cluster::auth::Secret,
+    bearer: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+}
 
 impl tonic::service::Interceptor for Signer {
     fn call(
         &mut self,
         mut request: tonic::Request<()>,
     ) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(token) = self.0.peer_token("sluice-cli")
+        if let Some(bearer) = &self.bearer {
+            request
+                .metadata_mut()
+                .insert("authorization", bearer.clone());
+        }
+        if let Some(token) = self.secret.peer_token("sluice-cli")
             && let Ok(value) = token.parse()
         {
             request
@@ -159,8 +180,32 @@ impl Operator {
             ),
             _ => None,
         };
+        let token = match (&self.token, &self.token_file) {
+            (Some(t), _) => Some(t.trim().to_string()),
+            (None, Some(path)) => Some(
+                std::fs::read_to_string(path)
+                    .map_err(|e| format!("--token-file {}: {e}", path.display()))?
+                    .trim()
+                    .to_string(),
+            ),
+            // The node's default file, when this runs beside it.
+            (None, None) => std::fs::read_to_string(crate::config::DEFAULT_ADMIN_TOKEN_FILE)
+                .ok()
+                .map(|t| t.trim().to_string()),
+        };
+        let bearer = match token {
+            Some(t) => Some(
+                format!("Bearer {t}")
+                    .parse()
+                    .map_err(|_| "--token: not a valid header value")?,
+            ),
+            None => None,
+        };
         let channel = connect_with(addr, tls).await?;
-        let signer = Signer(crate::cluster::auth::Secret::new(secret.as_deref()));
+        let signer = Signer {
+            secret: crate::cluster::auth::Secret::new(secret.as_deref()),
+            bearer,
+        };
         Ok(crate::proto::v1::admin_client::AdminClient::with_interceptor(channel, signer))
     }
 }

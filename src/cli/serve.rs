@@ -24,6 +24,9 @@ pub struct ServeArgs {
     /// HTTP admin listen address (/metrics, /healthz, /readyz) [default: 0.0.0.0:8080].
     #[arg(long)]
     http_addr: Option<SocketAddr>,
+    /// Admin gRPC listen address (the admin API, with its token) [default: 127.0.0.1:8082].
+    #[arg(long)]
+    admin_addr: Option<SocketAddr>,
     /// A stable node name [default: $HOSTNAME].
     #[arg(long)]
     node_id: Option<String>,
@@ -46,6 +49,11 @@ impl ServeArgs {
         }
         if let Some(a) = self.http_addr {
             set("http_addr", toml::Value::String(a.to_string()));
+        }
+        if let Some(a) = self.admin_addr {
+            let mut admin = toml::Table::new();
+            admin.insert("addr".into(), toml::Value::String(a.to_string()));
+            set("admin", toml::Value::Table(admin));
         }
         if let Some(id) = &self.node_id {
             set("node_id", toml::Value::String(id.clone()));

@@ -34,6 +34,7 @@ use crate::metrics::Metrics;
 use crate::policy::Policies;
 use crate::service::grpc::{Api, Services};
 use crate::service::headers::Families;
+use crate::service::operator::{AdminToken, OperatorAuth};
 use crate::service::readiness::Readiness;
 use crate::service::{admin::AdminService, http, peer::PeerService};
 use crate::store::Store;
@@ -58,6 +59,8 @@ pub enum StartError {
     Watch(#[from] notify::Error),
     #[error("{0}")]
     Membership(#[from] crate::cluster::membership::MembershipError),
+    #[error("{0}")]
+    AdminToken(#[from] crate::service::operator::TokenError),
 }
 
 /// A started node.
@@ -65,6 +68,8 @@ pub struct Node {
     pub grpc_addr: SocketAddr,
     /// The peer and admin listener, when `cluster.peer_addr` is set.
     pub peer_addr: Option<SocketAddr>,
+    /// The admin listener (`admin.addr`).
+    pub admin_addr: SocketAddr,
     pub http_addr: SocketAddr,
     pub gossip_addr: SocketAddr,
     pub limiter: Limiter,
@@ -140,6 +145,13 @@ impl Node {
         let http = TcpListener::bind(config.http_addr)
             .await
             .map_err(bind_error("HTTP admin", config.http_addr))?;
+        let admin_listener = TcpListener::bind(config.admin.addr)
+            .await
+            .map_err(bind_error("admin gRPC", config.admin.addr))?;
+        let admin_addr = admin_listener
+            .local_addr()
+            .map_err(bind_error("admin gRPC", config.admin.addr))?;
+        let admin_token = AdminToken::load(&config.admin)?;
         let peer_listener = match cluster.peer_addr {
             Some(addr) => Some(
                 TcpListener::bind(addr)
@@ -276,7 +288,8 @@ impl Node {
             );
         }
         let readiness = Readiness::new(limiter.clone()).await;
-        let services = Services::new(&config, limiter.clone(), admin, peer, secret, &readiness)?;
+        let operator = OperatorAuth::new(admin_token, secret);
+        let services = Services::new(&config, limiter.clone(), admin, peer, operator, &readiness)?;
         let grpc = crate::service::listener::Listener {
             name: "grpc",
             listener: grpc,
@@ -298,6 +311,13 @@ impl Node {
                 tasks.spawn(services.serve(Api::Peer, peer, peer_tls, shutdown.clone())?);
             }
         }
+        let admin_listener = crate::service::listener::Listener {
+            name: "admin",
+            listener: admin_listener,
+            max_connections: config.limits.max_connections,
+            resources: limiter.metrics().resources.clone(),
+        };
+        tasks.spawn(services.serve(Api::Admin, admin_listener, None, shutdown.clone())?);
         let families = Families::parse(&config.header_families).map_err(ConfigError)?;
         tasks.spawn(readiness.clone().follow(shutdown.clone()));
         let router = http::router(
@@ -366,6 +386,7 @@ impl Node {
         Ok(Node {
             grpc_addr,
             peer_addr,
+            admin_addr,
             http_addr,
             gossip_addr,
             limiter,

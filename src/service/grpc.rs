@@ -1,21 +1,23 @@
 //! The gRPC servers: which services each listener serves, and the limits
 //! every call meets before a handler sees it.
 //!
-//! With no `cluster.peer_addr`, one listener serves everything (a single
-//! node needs no more). With one, the public listener serves only what apps
-//! call — the v1 API, the Envoy front, health and reflection — and the peer
-//! listener serves the peer and admin APIs (and health): an app's
-//! credentials (its TLS client certificate, its network access to the
-//! public port) never reach them.
+//! The public listener serves what apps call — the v1 API, the Envoy front,
+//! health and reflection. The admin listener (`admin.addr`, loopback by
+//! default) serves the admin API and health. The peer API — which can
+//! reset and spend any key — is served only where it is authenticated:
+//! with a cluster secret (every call carries a token from it) or peer mTLS.
+//! It goes on `cluster.peer_addr` when that is set, else on the public
+//! listener; a single node with neither does not serve it at all. Where the
+//! peer API is, the admin API is too, for operators who sign with the
+//! cluster secret; every admin call, anywhere, needs an operator credential
+//! ([`super::operator`]).
 
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
-use tonic::{Request, Status};
 
 use super::listener::Listener;
-use crate::cluster::auth::{Secret, TOKEN_HEADER};
 use crate::config::{Config, ConfigError};
 use crate::limiter::Limiter;
 use crate::metrics::Resources;
@@ -25,6 +27,7 @@ use crate::proto::peer::peer_server::PeerServer;
 use crate::proto::v1::admin_server::AdminServer;
 use crate::proto::v1::rate_limiter_server::RateLimiterServer;
 use crate::service::headers::Families;
+use crate::service::operator::OperatorAuth;
 use crate::service::{
     admin::AdminService, envoy::RlsService, peer::PeerService, v1::RateLimiterService,
 };
@@ -42,36 +45,17 @@ pub enum GrpcError {
 /// Which services a listener serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Api {
-    /// Everything, on one listener.
+    /// What apps call, and the peer API when it is authenticated.
     All,
     /// What apps call.
     Public,
     /// Peer and admin.
     Peer,
+    /// Admin and health, on `admin.addr`.
+    Admin,
 }
 
 type Health = tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>;
-
-/// Admin calls need operator credentials: a peer token from the cluster
-/// secret (when one is set). With peer mTLS they also arrive only over the
-/// peer listener, so only with a certificate from the cluster CA.
-#[derive(Clone)]
-struct OperatorAuth(Secret);
-
-impl tonic::service::Interceptor for OperatorAuth {
-    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        let token = request
-            .metadata()
-            .get(TOKEN_HEADER)
-            .and_then(|v| v.to_str().ok());
-        match self.0.check_peer_token(token) {
-            Ok(_) => Ok(request),
-            Err(why) => Err(Status::unauthenticated(format!(
-                "admin call refused: {why} (sign it with the cluster secret: --secret-file)"
-            ))),
-        }
-    }
-}
 
 /// Every gRPC service of a node, built once and served by one or two
 /// listeners.
@@ -83,7 +67,10 @@ pub struct Services {
     peer: PeerServer<PeerService>,
     /// Says what [`super::readiness::Readiness`] publishes.
     health: Health,
-    secret: Secret,
+    operator: OperatorAuth,
+    /// Whether peer calls are authenticated (a cluster secret, or mTLS on
+    /// the peer listener): else the peer API is not served.
+    peer_authenticated: bool,
     max_streams: u32,
     resources: Arc<Resources>,
 }
@@ -94,7 +81,7 @@ impl Services {
         limiter: Limiter,
         admin: AdminService,
         peer: PeerService,
-        secret: Secret,
+        operator: OperatorAuth,
         readiness: &super::readiness::Readiness,
     ) -> Result<Services, GrpcError> {
         let max = config.limits.max_message_bytes;
@@ -117,7 +104,9 @@ impl Services {
             admin: AdminServer::new(admin).max_decoding_message_size(max),
             peer: PeerServer::new(peer).max_decoding_message_size(max),
             health,
-            secret,
+            operator,
+            peer_authenticated: config.cluster.secret_bytes()?.is_some()
+                || (config.cluster.tls.is_some() && config.cluster.peer_addr.is_some()),
             max_streams: config.limits.max_concurrent_streams,
             resources: limiter.metrics().resources.clone(),
         })
@@ -148,17 +137,22 @@ impl Services {
                 },
             ));
         let mut router = builder.add_service(self.health.clone());
-        if api != Api::Peer {
+        if matches!(api, Api::All | Api::Public) {
             router = router
                 .add_service(reflection().build_v1()?)
                 .add_service(reflection().build_v1alpha()?)
                 .add_service(self.v1.clone())
                 .add_service(self.envoy.clone());
         }
-        if api != Api::Public {
-            let admin =
-                InterceptedService::new(self.admin.clone(), OperatorAuth(self.secret.clone()));
-            router = router.add_service(admin).add_service(self.peer.clone());
+        let admin = || InterceptedService::new(self.admin.clone(), self.operator.clone());
+        match api {
+            Api::Public => {}
+            Api::Admin => router = router.add_service(admin()),
+            Api::All | Api::Peer => {
+                if self.peer_authenticated {
+                    router = router.add_service(admin()).add_service(self.peer.clone());
+                }
+            }
         }
         let name = listener.name;
         Ok(async move {

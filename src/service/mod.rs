@@ -2,7 +2,7 @@
 //! and back; none holds business logic.
 //!
 //! - [`v1`]: `sluice.v1.RateLimiter`, the public API;
-//! - [`admin`]: `sluice.v1.Admin`, for operators;
+//! - [`admin`]: `sluice.v1.Admin`, for operators, and [`operator`]: who is one;
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`;
 //! - [`readiness`]: what `/readyz` and gRPC health both say;
 //! - gRPC health and reflection are tonic's own services, mounted by the server.
@@ -15,6 +15,7 @@ pub mod grpc;
 pub use sluice_api::headers;
 pub mod http;
 pub mod listener;
+pub mod operator;
 pub mod peer;
 pub mod readiness;
 pub mod v1;

@@ -28,6 +28,37 @@ pub struct TestNode {
     pub channel: Channel,
 }
 
+/// The admin token of every node [`config`] makes.
+pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
+
+/// Adds `authorization: Bearer <ADMIN_TOKEN>` to each call.
+#[derive(Clone)]
+pub struct Bearer;
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut r: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        r.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {ADMIN_TOKEN}").parse().unwrap(),
+        );
+        Ok(r)
+    }
+}
+
+pub type Admin = sluice::proto::v1::admin_client::AdminClient<
+    tonic::service::interceptor::InterceptedService<Channel, Bearer>,
+>;
+
+/// An admin client for the admin listener at `addr`, with the token.
+pub async fn admin_client(addr: std::net::SocketAddr) -> Admin {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .expect("connects to the admin listener");
+    sluice::proto::v1::admin_client::AdminClient::with_interceptor(channel, Bearer)
+}
+
 /// A config for tests: loopback, OS-chosen ports.
 pub fn config() -> Config {
     let mut c = Config {
@@ -36,6 +67,8 @@ pub fn config() -> Config {
         http_addr: "127.0.0.1:0".parse().unwrap(),
         ..Config::default()
     };
+    c.admin.addr = "127.0.0.1:0".parse().unwrap();
+    c.admin.token = Some(ADMIN_TOKEN.into());
     c.cluster.gossip_addr = "127.0.0.1:0".parse().unwrap();
     c.cluster.gossip_interval = Duration::from_millis(50);
     c.cluster.leave_grace = Duration::from_millis(100);
@@ -97,6 +130,11 @@ pub async fn start_with(config: Config, policies: Policies, sources: Option<Sour
 impl TestNode {
     pub fn client(&self) -> RateLimiterClient<Channel> {
         RateLimiterClient::new(self.channel.clone())
+    }
+
+    /// An operator's client: the admin listener, with the admin token.
+    pub async fn admin(&self) -> Admin {
+        admin_client(self.node.admin_addr).await
     }
 
     /// Send one request, return its response.

@@ -100,6 +100,11 @@ pub fn spawn_bin(bin: &str, id: &str, gossip: u16, seeds: &[u16], env: &[(&str, 
     if !seeds.is_empty() {
         cmd.env("SLUICE_CLUSTER__SEEDS", format!("[{}]", seeds.join(",")));
     }
+    if bin == BIN {
+        // Releases before the admin listener know no `admin` section.
+        cmd.env("SLUICE_ADMIN__ADDR", format!("127.0.0.1:{}", free_port()))
+            .env("SLUICE_ADMIN__TOKEN", super::ADMIN_TOKEN);
+    }
     for (k, v) in env {
         cmd.env(k, v);
     }

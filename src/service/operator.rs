@@ -1,0 +1,288 @@
+//! Who is an operator: the admin token, and the check every admin call
+//! meets.
+//!
+//! A reset refills a quota, so an app that could call `ResetKey` could
+//! lift its own limit. The admin API therefore never answers a caller that
+//! has not proved it is an operator, on any listener: it carries the admin
+//! token (`authorization: Bearer …`), or a peer token signed with the
+//! cluster secret (which operators of a cluster hold and apps do not).
+//!
+//! The token comes from `admin.token`, else from `admin.token_file`; when
+//! that file does not exist a random one is generated and written there
+//! (mode 0600) — so a node never runs with an admin API open to anyone,
+//! and an operator on the host (or `kubectl exec … sluice admin`) reads it.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+use tonic::{Request, Status};
+
+use crate::cluster::auth::{Secret, TOKEN_HEADER};
+use crate::config::{AdminConfig, MIN_ADMIN_TOKEN_BYTES};
+
+/// Why the admin token could not be had.
+#[derive(Debug, thiserror::Error)]
+#[error("admin.token_file: {path}: {why}")]
+pub struct TokenError {
+    path: String,
+    why: String,
+}
+
+/// The admin token, kept as its digest: compared in constant time, never
+/// logged.
+#[derive(Clone)]
+pub struct AdminToken(Arc<[u8; 32]>);
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(…)")
+    }
+}
+
+fn digest(token: &[u8]) -> [u8; 32] {
+    Sha256::digest(token).into()
+}
+
+impl AdminToken {
+    /// The token `admin` names: the literal, the file's, or a new one
+    /// written to the file.
+    pub fn load(admin: &AdminConfig) -> Result<AdminToken, TokenError> {
+        if let Some(token) = &admin.token {
+            return Ok(AdminToken::of(token.trim().as_bytes()));
+        }
+        let path = &admin.token_file;
+        let error = |why: String| TokenError {
+            path: path.display().to_string(),
+            why,
+        };
+        let token = match std::fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                generate(path).map_err(|e| error(format!("cannot write a new token: {e}")))?
+            }
+            Err(e) => return Err(error(format!("cannot read: {e}"))),
+        };
+        let token = token.trim_ascii();
+        if token.len() < MIN_ADMIN_TOKEN_BYTES {
+            return Err(error(format!(
+                "the token is shorter than {MIN_ADMIN_TOKEN_BYTES} bytes"
+            )));
+        }
+        Ok(AdminToken::of(token))
+    }
+
+    pub fn of(token: &[u8]) -> AdminToken {
+        AdminToken(Arc::new(digest(token)))
+    }
+
+    /// Whether `presented` is the token (constant time over the digests).
+    pub fn matches(&self, presented: &[u8]) -> bool {
+        let theirs = digest(presented);
+        self.0
+            .iter()
+            .zip(theirs.iter())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+    }
+}
+
+/// Write a fresh random token to `path` unless another process got there
+/// first (two nodes started from one directory): written to a private
+/// temporary file, then linked into place, which fails if `path` exists —
+/// so the file is never seen half-written and the winner's token is the
+/// one both use.
+fn generate(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut random = [0u8; 32];
+    getrandom::getrandom(&mut random).map_err(|e| std::io::Error::other(e.to_string()))?;
+    let token: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    let written = (|| {
+        let mut file = private_file(&tmp)?;
+        file.write_all(format!("{token}\n").as_bytes())?;
+        file.sync_all()?;
+        std::fs::hard_link(&tmp, path)
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    match written {
+        Ok(()) => {
+            tracing::info!(path = %path.display(), "generated the admin token");
+            Ok(token.into_bytes())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => std::fs::read(path),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(unix)]
+fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+}
+
+#[cfg(not(unix))]
+fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+}
+
+/// The check in front of the admin API, wherever it is served.
+#[derive(Clone)]
+pub struct OperatorAuth {
+    token: AdminToken,
+    secret: Secret,
+}
+
+impl OperatorAuth {
+    pub fn new(token: AdminToken, secret: Secret) -> OperatorAuth {
+        OperatorAuth { token, secret }
+    }
+}
+
+impl tonic::service::Interceptor for OperatorAuth {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        let metadata = request.metadata();
+        // Either credential will do (a CLI may send both: the token file
+        // beside it and the cluster secret it was given).
+        let bearer = metadata
+            .get("authorization")
+            .map(|v| v.as_bytes().strip_prefix(b"Bearer ").unwrap_or_default());
+        if bearer.is_some_and(|b| self.token.matches(b.trim_ascii())) {
+            return Ok(request);
+        }
+        if let Some(token) = metadata.get(TOKEN_HEADER)
+            && self.secret.is_set()
+        {
+            return match self.secret.check_peer_token(token.to_str().ok()) {
+                Ok(_) => Ok(request),
+                Err(why) => Err(Status::unauthenticated(format!(
+                    "admin call refused: {why}"
+                ))),
+            };
+        }
+        Err(Status::unauthenticated(if bearer.is_some() {
+            "admin call refused: wrong admin token"
+        } else {
+            "admin call refused: no operator credential (send `authorization: Bearer <token>` with the token from admin.token_file, as `sluice admin` does, or sign it with the cluster secret)"
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("sluice-op-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn a_missing_token_file_is_written_once_and_then_read() {
+        let d = dir("gen");
+        let cfg = AdminConfig {
+            token_file: d.join("sub").join("admin.token"),
+            ..AdminConfig::default()
+        };
+        let first = AdminToken::load(&cfg).unwrap();
+        let written = std::fs::read_to_string(&cfg.token_file).unwrap();
+        assert_eq!(written.trim().len(), 64, "32 random bytes, hex");
+        assert!(first.matches(written.trim().as_bytes()));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&cfg.token_file)
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "only the owner reads it");
+        }
+        // A restart reads the same token; no temporary file is left.
+        let second = AdminToken::load(&cfg).unwrap();
+        assert!(second.matches(written.trim().as_bytes()));
+        let names: Vec<_> = std::fs::read_dir(d.join("sub")).unwrap().collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        // Another node's generation does not overwrite it.
+        assert_eq!(
+            generate(&cfg.token_file).unwrap(),
+            written.as_bytes(),
+            "the existing token wins"
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_short_or_unreadable_token_is_refused_naming_the_field() {
+        let d = dir("short");
+        std::fs::create_dir_all(&d).unwrap();
+        let cfg = AdminConfig {
+            token_file: d.join("admin.token"),
+            ..AdminConfig::default()
+        };
+        std::fs::write(&cfg.token_file, "short\n").unwrap();
+        let err = AdminToken::load(&cfg).unwrap_err().to_string();
+        assert!(err.starts_with("admin.token_file: "), "{err}");
+        assert!(err.contains("shorter than 16"), "{err}");
+        let cfg = AdminConfig {
+            token_file: d.clone(),
+            ..AdminConfig::default()
+        };
+        let err = AdminToken::load(&cfg).unwrap_err().to_string();
+        assert!(err.contains("cannot read"), "{err}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn only_the_token_or_a_secret_signature_passes() {
+        use tonic::service::Interceptor;
+        let secret = Secret::new(Some(b"cluster"));
+        let mut auth = OperatorAuth::new(AdminToken::of(b"0123456789abcdef0"), secret.clone());
+        let call = |header: Option<(&'static str, String)>| {
+            let mut r = Request::new(());
+            if let Some((k, v)) = header {
+                r.metadata_mut().insert(k, v.parse().unwrap());
+            }
+            r
+        };
+        let code = |r: Result<Request<()>, Status>| r.err().map(|s| s.code());
+        assert_eq!(
+            code(auth.call(call(None))),
+            Some(tonic::Code::Unauthenticated)
+        );
+        let bearer = |t: &str| Some(("authorization", format!("Bearer {t}")));
+        assert_eq!(code(auth.call(call(bearer("0123456789abcdef0")))), None);
+        assert_eq!(
+            code(auth.call(call(bearer("0123456789abcdef1")))),
+            Some(tonic::Code::Unauthenticated)
+        );
+        assert_eq!(
+            code(auth.call(call(Some(("authorization", "0123456789abcdef0".into()))))),
+            Some(tonic::Code::Unauthenticated),
+            "not a bearer credential"
+        );
+        let signed = secret.peer_token("op").unwrap();
+        assert_eq!(code(auth.call(call(Some((TOKEN_HEADER, signed))))), None);
+        let forged = Secret::new(Some(b"guess")).peer_token("op").unwrap();
+        assert_eq!(
+            code(auth.call(call(Some((TOKEN_HEADER, forged))))),
+            Some(tonic::Code::Unauthenticated)
+        );
+        // With no cluster secret, a peer token proves nothing.
+        let mut alone = OperatorAuth::new(AdminToken::of(b"0123456789abcdef0"), Secret::new(None));
+        assert_eq!(
+            code(alone.call(call(Some((TOKEN_HEADER, "x:1:1:1:00".into()))))),
+            Some(tonic::Code::Unauthenticated)
+        );
+    }
+}
