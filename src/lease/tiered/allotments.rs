@@ -89,6 +89,9 @@ pub enum Local {
 pub struct Allotments {
     keys: HashMap<Arc<[u8]>, Allotment>,
     max_keys: usize,
+    /// Allotments looked at to make room and to total the figures (the
+    /// work a flood of keys costs; tests bound it).
+    examined: u64,
 }
 
 impl Allotments {
@@ -96,12 +99,27 @@ impl Allotments {
         Allotments {
             keys: HashMap::new(),
             max_keys: max_keys.max(1),
+            examined: 0,
         }
+    }
+
+    /// Keys with an allotment (or a demand meter) here.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    pub fn contains(&self, key: &[u8]) -> bool {
+        self.keys.contains_key(key)
     }
 
     /// Spend `hits` from the key's allotment if it covers them.
     pub fn spend(&mut self, key: &[u8], hits: u64, now: Nanos) -> Local {
         if !self.keys.contains_key(key) && self.keys.len() >= self.max_keys {
+            self.examined += self.keys.len() as u64;
             self.keys.retain(|_, a| a.expires > now);
         }
         if !self.keys.contains_key(key) && self.keys.len() >= self.max_keys {
@@ -175,8 +193,14 @@ impl Allotments {
         }
     }
 
+    /// Allotments looked at so far to make room and total the figures.
+    pub fn examined(&self) -> u64 {
+        self.examined
+    }
+
     /// Tokens held in unexpired allotments (a gauge).
-    pub fn held(&self, now: Nanos) -> u64 {
+    pub fn held(&mut self, now: Nanos) -> u64 {
+        self.examined += self.keys.len() as u64;
         self.keys
             .values()
             .filter(|a| a.expires > now)

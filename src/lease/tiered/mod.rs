@@ -31,7 +31,9 @@ use std::sync::Arc;
 use crate::algorithm::Nanos;
 
 mod allotments;
+mod ledgers;
 pub use allotments::{Allotments, Local};
+pub use ledgers::Ledgers;
 
 const NANOS_PER_SEC: u128 = 1_000_000_000;
 
