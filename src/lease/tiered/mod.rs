@@ -32,6 +32,7 @@ use crate::algorithm::Nanos;
 
 mod allotments;
 mod ledgers;
+mod queue;
 pub use allotments::{Allotments, Local};
 pub use ledgers::Ledgers;
 
@@ -76,6 +77,12 @@ pub struct Grant {
 #[derive(Clone, Debug, Default)]
 pub struct Ledger {
     edges: HashMap<Arc<str>, Standing>,
+    /// The edges' `outstanding`, summed as they change (the table's
+    /// gauge reads it; u128 never wraps).
+    outstanding: u128,
+    /// The latest expiry granted: while it is ahead, an edge holds an
+    /// allotment (an edge is forgotten only after its expiry).
+    last_expires: Nanos,
 }
 
 /// How grants are sized and kept.
@@ -111,24 +118,30 @@ impl Ledger {
     /// absorbs them). Hits beyond what it holds (a report after release)
     /// change nothing here.
     pub fn reported(&mut self, edge: &str, hits: u64) {
-        if let Some(s) = self.edges.get_mut(edge) {
-            s.outstanding = s.outstanding.saturating_sub(hits);
-        }
+        self.lessen(edge, hits);
     }
 
     /// `edge` gives back `unused` tokens of its allotment (it asked again).
     pub fn give_back(&mut self, edge: &str, unused: u64) {
+        self.lessen(edge, unused);
+    }
+
+    fn lessen(&mut self, edge: &str, by: u64) {
         if let Some(s) = self.edges.get_mut(edge) {
-            s.outstanding = s.outstanding.saturating_sub(unused);
+            let cut = s.outstanding.min(by);
+            s.outstanding -= cut;
+            self.outstanding = self.outstanding.saturating_sub(u128::from(cut));
         }
     }
 
     /// Release allotments that expired more than `grace` ago; forget edges
     /// whose demand is older than `memory` too.
     pub fn release_expired(&mut self, now: Nanos, terms: &Terms) {
+        let total = &mut self.outstanding;
         self.edges.retain(|_, s| {
             let live = s.expires.saturating_add(terms.grace) > now;
             if !live {
+                *total = total.saturating_sub(u128::from(s.outstanding));
                 s.outstanding = 0;
             }
             live || s.seen.saturating_add(terms.memory) > now
@@ -201,7 +214,10 @@ impl Ledger {
             seen: now,
             empty_until: 0,
         });
+        let before = s.outstanding;
         s.outstanding = s.outstanding.saturating_add(amount);
+        self.outstanding += u128::from(s.outstanding - before);
+        self.last_expires = self.last_expires.max(expires);
         s.demand = demand;
         s.expires = expires;
         s.seen = now;
@@ -209,6 +225,34 @@ impl Ledger {
             s.empty_until = now.saturating_add(empty_wait(terms.ttl));
         }
         Grant { amount, expires }
+    }
+
+    /// Tokens outstanding with every edge, released or not: what
+    /// [`Ledger::reserved`] says once [`Ledger::release_expired`] ran.
+    pub(super) fn outstanding(&self) -> u128 {
+        self.outstanding
+    }
+
+    /// Until then some edge holds an unexpired allotment.
+    pub(super) fn last_expires(&self) -> Nanos {
+        self.last_expires
+    }
+
+    /// After [`Ledger::release_expired`] at `now`: when time next changes
+    /// what the ledger says — the earliest release of a reservation, or,
+    /// with none, the end of the last allotment. None when idle.
+    pub(super) fn next_change(&self, now: Nanos, terms: &Terms) -> Option<Nanos> {
+        if self.outstanding > 0 {
+            self.edges
+                .values()
+                .filter(|s| s.outstanding > 0)
+                .map(|s| s.expires.saturating_add(terms.grace))
+                .min()
+        } else if self.last_expires > now {
+            Some(self.last_expires)
+        } else {
+            None
+        }
     }
 
     /// Whether `edge` was just told there is nothing for it: an ask of its
