@@ -12,13 +12,12 @@
 //! (`reserved`), so the key's consumption plus its promises never exceed
 //! what the limit leaves.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{Limiter, Path, Resolved, Topology, Verdict};
 use crate::algorithm::{self, Cost, Decision, Nanos, Spec};
-use crate::lease::tiered::{Allotments, Grant, Ledger, Local, Terms};
+use crate::lease::tiered::{Allotments, Grant, Ledgers, Local, Terms};
 use crate::store::{Seed, Stale, key};
 
 /// A slow-path ask, as the owner receives it.
@@ -35,10 +34,9 @@ pub(super) struct Tiers {
     /// std mutexes: held for a map lookup and some arithmetic, never across
     /// an await.
     allotments: Mutex<Allotments>,
-    ledgers: Mutex<HashMap<Arc<[u8]>, Ledger>>,
+    ledgers: Mutex<Ledgers>,
     /// Ledgers held: while none, an exact decision skips the lookup.
     ledger_count: AtomicUsize,
-    max_keys: usize,
     pub(super) terms: Terms,
     /// Wakes the reporter before its interval: an allotment runs low.
     pub(super) report_soon: Arc<tokio::sync::Notify>,
@@ -48,9 +46,8 @@ impl Tiers {
     pub(super) fn new(max_keys: usize, terms: Terms) -> Tiers {
         Tiers {
             allotments: Mutex::new(Allotments::new(max_keys)),
-            ledgers: Mutex::new(HashMap::new()),
+            ledgers: Mutex::new(Ledgers::new(max_keys, terms)),
             ledger_count: AtomicUsize::new(0),
-            max_keys: max_keys.max(1),
             terms,
             report_soon: Arc::new(tokio::sync::Notify::new()),
         }
@@ -60,7 +57,7 @@ impl Tiers {
         self.allotments.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn ledgers(&self) -> MutexGuard<'_, HashMap<Arc<[u8]>, Ledger>> {
+    fn ledgers(&self) -> MutexGuard<'_, Ledgers> {
         self.ledgers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -73,7 +70,7 @@ impl Tiers {
     /// Whether `key` has a ledger here: promises an exact decision must
     /// leave room for.
     pub(super) fn has_ledger(&self, key: &[u8]) -> bool {
-        self.ledger_count.load(Ordering::Relaxed) > 0 && self.ledgers().contains_key(key)
+        self.ledger_count.load(Ordering::Relaxed) > 0 && self.ledgers().contains(key)
     }
 
     /// Drop every ledger (this node rejoined: what it promised was
@@ -96,18 +93,14 @@ impl Tiers {
     /// Tokens this edge holds in allotments, and this owner has promised.
     pub(super) fn figures(&self, now: Nanos) -> (u64, u64) {
         let held = self.allotments().held(now);
-        let reserved = self.ledgers().values().fold(0u64, |sum, l| {
-            sum.saturating_add(l.reserved(now, &self.terms))
-        });
+        let reserved = self.ledgers().reserved(now);
         (held, reserved)
     }
 
     /// An edge's report was absorbed into the state: those hits are no
     /// longer promised.
     pub(super) fn reported(&self, key: &[u8], edge: &str, hits: u64) {
-        if let Some(l) = self.ledgers().get_mut(key) {
-            l.reported(edge, hits);
-        }
+        self.ledgers().reported(key, edge, hits);
     }
 }
 
@@ -337,41 +330,24 @@ impl Limiter {
         ask: Option<&Ask>,
     ) -> Result<(Decision, Option<(u64, Nanos)>), Stale> {
         let tiers = self.tiers();
-        let terms = tiers.terms;
         let mut ledgers = tiers.ledgers();
-        if !ledgers.contains_key(k) && ledgers.len() >= tiers.max_keys {
-            ledgers.retain(|_, l| {
-                l.release_expired(now, &terms);
-                l.holders(now) > 0 || l.reserved(now, &terms) > 0
-            });
-        }
-        let room = ledgers.contains_key(k) || ledgers.len() < tiers.max_keys;
-        let ledger = ledgers.entry(Arc::from(k)).or_default();
+        // No room (the table is full of ledgers that still matter): decided
+        // with nothing reserved here and nothing granted.
+        let room = ledgers.open(k, now);
+        tiers.ledger_count.store(ledgers.len(), Ordering::Relaxed);
         if let Some(ask) = ask {
-            ledger.give_back(&ask.edge, ask.unused);
+            ledgers.give_back(k, &ask.edge, ask.unused);
         }
         // An ask sent before the edge heard "nothing": refused, as the edge
         // itself refuses meanwhile.
-        let waiting = ask.is_some_and(|a| ledger.waiting(&a.edge, now));
-        let reserved = ledger.reserved(now, &terms);
+        let waiting = ask.is_some_and(|a| ledgers.waiting(k, &a.edge, now));
+        let reserved = ledgers.reserved_of(k, now);
         let peek = Cost {
             hits: 0,
             drain_over_limit: false,
             nodelay: true,
         };
-        let finish = |ledgers: &mut HashMap<Arc<[u8]>, Ledger>| {
-            if !room {
-                ledgers.remove(k);
-            }
-            tiers.ledger_count.store(ledgers.len(), Ordering::Relaxed);
-        };
-        let seen = match self.decide_unreserved(k, spec, peek, t, now) {
-            Ok(d) => d,
-            Err(stale) => {
-                finish(&mut ledgers);
-                return Err(stale);
-            }
-        };
+        let seen = self.decide_unreserved(k, spec, peek, t, now)?;
         let decision =
             if req.hits > 0 && (waiting || seen.remaining < req.hits.saturating_add(reserved)) {
                 // Within the limit, but not within what the promises leave.
@@ -384,33 +360,26 @@ impl Limiter {
                 refused.retry_after = None;
                 refused
             } else {
-                match self.decide_unreserved(k, spec, req, t, now) {
-                    Ok(d) => d,
-                    Err(stale) => {
-                        finish(&mut ledgers);
-                        return Err(stale);
-                    }
-                }
+                self.decide_unreserved(k, spec, req, t, now)?
             };
-        let ledger = ledgers.entry(Arc::from(k)).or_default();
         let grant = match ask {
-            Some(ask) if room && !waiting => {
-                let g = ledger.grant(
+            Some(ask) if room && !waiting => ledgers
+                .grant(
+                    k,
                     &ask.edge,
                     ask.demand,
                     decision.remaining,
                     t.size.max(1),
                     now,
-                    &terms,
-                );
-                let m = &self.shared.metrics.cluster;
-                m.tiered_grants.inc();
-                m.tiered_granted_tokens.inc_by(g.amount);
-                Some((g.amount, g.expires.saturating_sub(now)))
-            }
+                )
+                .map(|g| {
+                    let m = &self.shared.metrics.cluster;
+                    m.tiered_grants.inc();
+                    m.tiered_granted_tokens.inc_by(g.amount);
+                    (g.amount, g.expires.saturating_sub(now))
+                }),
             _ => None,
         };
-        finish(&mut ledgers);
         Ok((decision, grant))
     }
 }

@@ -26,7 +26,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::presence::{Presence, boot_time};
-use super::view::{Burials, ClusterView, DEAD, STATE, encode_tombstones};
+use super::view::{Burials, ClusterView, DEAD, Reading, STATE, encode_tombstones};
 use super::{Lifecycle, Slot, join_wait};
 use crate::cluster::auth::AuthTransport;
 
@@ -146,24 +146,26 @@ impl Gossip {
                 if gap >= self.presence.away_after() {
                     break (format!("away for {:?}", Duration::from_nanos(gap)), was);
                 }
-                let view = {
+                let reading = {
                     let mut cc = chitchat.lock().await;
                     let majority = self.view_tx.borrow().has_majority();
                     if burials.update(&cc, majority) {
                         cc.self_node_state()
                             .set(DEAD, encode_tombstones(&burials.published));
                     }
-                    let previous = self.view_tx.borrow().clone();
-                    let mut view = ClusterView::from_chitchat(&cc, &burials.published, &previous);
-                    if let Some((floor, until)) = self.size_floor {
-                        if tokio::time::Instant::now() < until {
-                            view.size = view.size.max(floor);
-                        } else {
-                            self.size_floor = None;
-                        }
-                    }
-                    view
+                    Reading::from_chitchat(&cc, &burials.published)
                 };
+                // Chitchat's lock is released: a changed ring is built
+                // without holding up gossip (see `Reading`).
+                let previous = self.view_tx.borrow().clone();
+                let mut view = reading.into_view(&previous);
+                if let Some((floor, until)) = self.size_floor {
+                    if tokio::time::Instant::now() < until {
+                        view.size = view.size.max(floor);
+                    } else {
+                        self.size_floor = None;
+                    }
+                }
                 if view.self_tombstoned {
                     let was = self.presence.lifecycle();
                     if was == Lifecycle::Ready {

@@ -124,15 +124,42 @@ impl ClusterView {
         self.members.iter().find(|m| &*m.node_id == node_id)
     }
 
-    /// Build the view from chitchat's state; `own_dead` are the tombstones
-    /// this node gossips (its failure detector's dead members). The ring is
-    /// `previous`'s when its members are the same (4,096 points per member
-    /// are sorted only when membership changed).
+    /// Whether this node sees a majority of the remembered cluster size
+    /// (the limiter's minority rule).
+    pub fn has_majority(&self) -> bool {
+        let ready = self.ring.members().len();
+        !(ready * 2 <= self.size && self.size > 1)
+    }
+
+    pub(super) fn same_as(&self, other: &ClusterView) -> bool {
+        self.members == other.members
+            && self.size == other.size
+            && self.self_generation == other.self_generation
+            && self.self_tombstoned == other.self_tombstoned
+    }
+}
+
+/// What a view needs from chitchat's state, read under chitchat's lock
+/// ([`Reading::from_chitchat`]). The ring is built from it after the lock
+/// is dropped ([`Reading::into_view`]): 4,096 points per member, sorted,
+/// would otherwise hold up chitchat's own tasks (gossip rounds, the
+/// failure detector) and every caller of the lock meanwhile.
+#[derive(Clone, Debug)]
+pub(super) struct Reading {
+    self_id: Arc<str>,
+    self_generation: u64,
+    members: Vec<MemberInfo>,
+    size: usize,
+    self_tombstoned: bool,
+}
+
+impl Reading {
+    /// Read chitchat's state; `own_dead` are the tombstones this node
+    /// gossips (its failure detector's dead members).
     pub(super) fn from_chitchat(
         chitchat: &chitchat::Chitchat,
         own_dead: &BTreeSet<Tombstone>,
-        previous: &ClusterView,
-    ) -> ClusterView {
+    ) -> Reading {
         let self_cc = chitchat.self_chitchat_id();
         let self_id = self_cc.node_id.clone();
         let mut dead: BTreeSet<Tombstone> = own_dead.clone();
@@ -162,16 +189,6 @@ impl ClusterView {
                 }
             }
         }
-        let in_ring: Vec<_> = members
-            .values()
-            .filter(|m| m.in_ring())
-            .map(MemberInfo::as_member)
-            .collect();
-        let ring = if in_ring == previous.ring.members() {
-            previous.ring.clone()
-        } else {
-            Arc::new(Ring::new(in_ring))
-        };
         let mut counted: BTreeSet<Arc<str>> = members
             .values()
             .filter(|m| m.state == Lifecycle::Ready)
@@ -198,28 +215,38 @@ impl ClusterView {
                 counted.insert(id.node_id.clone());
             }
         }
-        ClusterView {
+        Reading {
             self_tombstoned: buried(self_cc),
             self_id,
             self_generation: self_cc.generation_id,
             members: members.into_values().collect(),
-            ring,
             size: counted.len().max(1),
         }
     }
 
-    /// Whether this node sees a majority of the remembered cluster size
-    /// (the limiter's minority rule).
-    pub fn has_majority(&self) -> bool {
-        let ready = self.ring.members().len();
-        !(ready * 2 <= self.size && self.size > 1)
-    }
-
-    pub(super) fn same_as(&self, other: &ClusterView) -> bool {
-        self.members == other.members
-            && self.size == other.size
-            && self.self_generation == other.self_generation
-            && self.self_tombstoned == other.self_tombstoned
+    /// The view, with no lock held. The ring is `previous`'s when its
+    /// members are the same (the points are sorted only when membership
+    /// changed).
+    pub(super) fn into_view(self, previous: &ClusterView) -> ClusterView {
+        let in_ring: Vec<_> = self
+            .members
+            .iter()
+            .filter(|m| m.in_ring())
+            .map(MemberInfo::as_member)
+            .collect();
+        let ring = if in_ring == previous.ring.members() {
+            previous.ring.clone()
+        } else {
+            Arc::new(Ring::new(in_ring))
+        };
+        ClusterView {
+            self_id: self.self_id,
+            self_generation: self.self_generation,
+            members: self.members,
+            ring,
+            size: self.size,
+            self_tombstoned: self.self_tombstoned,
+        }
     }
 }
 
@@ -297,6 +324,60 @@ pub(super) fn parse_tombstones(s: &str) -> Vec<Tombstone> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn member(id: &str, state: Lifecycle) -> MemberInfo {
+        MemberInfo {
+            node_id: Arc::from(id),
+            generation: 1,
+            gossip_addr: "127.0.0.1:7946".parse().unwrap(),
+            grpc_addr: format!("{id}:50051"),
+            state,
+            version: String::new(),
+            protocol: PEER_PROTOCOL_VERSION,
+            policy_hash: String::new(),
+        }
+    }
+
+    fn reading(members: Vec<MemberInfo>) -> Reading {
+        Reading {
+            self_id: Arc::from("a"),
+            self_generation: 1,
+            members,
+            size: 3,
+            self_tombstoned: false,
+        }
+    }
+
+    /// The ring, built outside chitchat's lock from what was read under
+    /// it, is the previous view's while the ready members are the same,
+    /// and a new one when they change.
+    #[test]
+    fn the_ring_is_rebuilt_only_when_its_members_change() {
+        use Lifecycle::{Joining, Ready};
+        let first = reading(vec![member("a", Ready), member("b", Ready)])
+            .into_view(&ClusterView::alone("a", 1));
+        assert_eq!(first.ring.members().len(), 2);
+        assert_eq!(first.size, 3);
+        // A member joining changes the view, not the ring.
+        let second = reading(vec![
+            member("a", Ready),
+            member("b", Ready),
+            member("c", Joining),
+        ])
+        .into_view(&first);
+        assert!(!second.same_as(&first));
+        assert!(Arc::ptr_eq(&first.ring, &second.ring));
+        // Ready: in a new ring.
+        let third = reading(vec![
+            member("a", Ready),
+            member("b", Ready),
+            member("c", Ready),
+        ])
+        .into_view(&second);
+        assert!(!Arc::ptr_eq(&second.ring, &third.ring));
+        assert_eq!(third.ring.members().len(), 3);
+        assert_eq!(third.ring.epoch(), Ring::new(third.live()).epoch());
+    }
 
     #[test]
     fn tombstones_round_trip_any_node_id() {

@@ -1,0 +1,326 @@
+//! The edge side of tiered mode: an allotment per key, spent without
+//! asking the owner, and the demand meter that sizes the next one.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::queue::{Deadlines, Fifo};
+use super::{Grant, NANOS_PER_SEC, empty_wait, mul_div};
+use crate::algorithm::Nanos;
+
+/// An edge's allotment of one key, and its demand meter.
+#[derive(Clone, Debug)]
+struct Allotment {
+    tokens: u64,
+    expires: Nanos,
+    /// Its tokens count in `Allotments::held`: it has not been seen
+    /// expired since its last grant.
+    counted: bool,
+    /// The owner had nothing to grant: refuse here until then rather than
+    /// send every refusal of an exhausted hot key across the network.
+    empty_until: Nanos,
+    /// The last grant's size, and whether its running low was signalled.
+    last_grant: u64,
+    low_signalled: bool,
+    /// Hits seen in the current second, and the rate of the last full one.
+    window_start: Nanos,
+    window_hits: u64,
+    rate: u64,
+}
+
+impl Allotment {
+    /// Nothing to spend, no demand seen yet.
+    fn empty(now: Nanos) -> Allotment {
+        Allotment {
+            tokens: 0,
+            expires: now,
+            counted: false,
+            empty_until: 0,
+            last_grant: 0,
+            low_signalled: false,
+            window_start: now,
+            window_hits: 0,
+            rate: 0,
+        }
+    }
+
+    /// Count `hits` of demand (admitted here or not) at `now`.
+    fn see(&mut self, hits: u64, now: Nanos) {
+        let second = NANOS_PER_SEC as u64;
+        let elapsed = now.saturating_sub(self.window_start);
+        if elapsed >= second {
+            // The last window's rate; a gap of more than a window is idle.
+            self.rate = if elapsed >= 2 * second {
+                0
+            } else {
+                self.window_hits
+            };
+            self.window_start = now;
+            self.window_hits = 0;
+        }
+        self.window_hits = self.window_hits.saturating_add(hits);
+    }
+
+    /// Hits per second: the last full second's, or this one's so far if
+    /// higher (so a burst is seen before its second ends), over at least
+    /// 100 ms (one hit is not a rate of millions).
+    fn demand(&self, now: Nanos) -> u64 {
+        let elapsed = now
+            .saturating_sub(self.window_start)
+            .max(NANOS_PER_SEC as u64 / 10);
+        let so_far = mul_div(self.window_hits, NANOS_PER_SEC, u128::from(elapsed));
+        self.rate.max(so_far)
+    }
+}
+
+/// What the edge should do with one tiered check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Local {
+    /// Admitted from the allotment, no hop; this many tokens are left.
+    /// `low`: the allotment just fell below a quarter of its grant (report
+    /// what was spent now, not at the next interval).
+    Admitted { left: u64, low: bool },
+    /// Refused here: the owner had nothing to grant a moment ago; ask again
+    /// after this long.
+    Refused { retry_after: Nanos },
+    /// The allotment cannot cover it: ask the owner (the slow path), saying
+    /// this demand and giving back this many unspent tokens.
+    Ask { demand: u64, unused: u64 },
+}
+
+/// An edge's allotments, by encoded key; bounded (a key beyond the bound
+/// always takes the slow path, which is exact).
+///
+/// A client can flood a node with tiered keys, so nothing here scans the
+/// table per key: a new key finding it full takes the room of the
+/// allotment that expired earliest, found in O(1) amortized through two
+/// lazy orders ([`super::queue`]) — `expiring`, the allotments still
+/// counted as held, by expiry; `expired`, those past it, earliest first.
+/// The held-tokens gauge is kept as allotments change and expire, rather
+/// than summed over the table at each report.
+#[derive(Debug)]
+pub struct Allotments {
+    keys: HashMap<Arc<[u8]>, Allotment>,
+    max_keys: usize,
+    /// `(expires, key)` of every allotment counted in `held`.
+    expiring: Deadlines<Arc<[u8]>>,
+    /// `(expires, key)` of the allotments not counted: evicted first.
+    expired: Fifo<Arc<[u8]>>,
+    /// Tokens of the counted allotments (u128: a sum of u64s never wraps).
+    held: u128,
+    /// Entries looked at to make room and to keep the figures (the work a
+    /// flood of keys costs; tests bound it).
+    examined: u64,
+}
+
+/// Whether `(at, k)` in `expiring` is current: `k` is counted until `at`.
+fn is_counted(keys: &HashMap<Arc<[u8]>, Allotment>, at: Nanos, k: &[u8]) -> bool {
+    keys.get(k).is_some_and(|a| a.counted && a.expires == at)
+}
+
+/// Whether `(at, k)` in `expired` is current: `k` expired at `at` and was
+/// not granted since.
+fn is_expired(keys: &HashMap<Arc<[u8]>, Allotment>, at: Nanos, k: &[u8]) -> bool {
+    keys.get(k).is_some_and(|a| !a.counted && a.expires == at)
+}
+
+impl Allotments {
+    pub fn new(max_keys: usize) -> Allotments {
+        Allotments {
+            keys: HashMap::new(),
+            max_keys: max_keys.max(1),
+            expiring: Deadlines::default(),
+            expired: Fifo::default(),
+            held: 0,
+            examined: 0,
+        }
+    }
+
+    /// Keys with an allotment (or a demand meter) here.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    pub fn contains(&self, key: &[u8]) -> bool {
+        self.keys.contains_key(key)
+    }
+
+    /// Spend `hits` from the key's allotment if it covers them.
+    pub fn spend(&mut self, key: &[u8], hits: u64, now: Nanos) -> Local {
+        if !self.keys.contains_key(key) {
+            if self.keys.len() >= self.max_keys && !self.evict_one(now) {
+                return Local::Ask {
+                    demand: 0,
+                    unused: 0,
+                };
+            }
+            // A new allotment holds nothing and is expired from the start:
+            // not counted, and the next to go should the flood go on.
+            let k: Arc<[u8]> = Arc::from(key);
+            self.keys.insert(k.clone(), Allotment::empty(now));
+            let keys = &self.keys;
+            self.examined += self.expired.push(now, k, |at, k| is_expired(keys, at, k));
+        }
+        let Some(a) = self.keys.get_mut(key) else {
+            return Local::Ask {
+                demand: 0,
+                unused: 0,
+            };
+        };
+        a.see(hits, now);
+        if now < a.expires && a.tokens >= hits {
+            a.tokens -= hits;
+            if a.counted {
+                self.held = self.held.saturating_sub(u128::from(hits));
+            }
+            let low = !a.low_signalled && a.tokens.saturating_mul(4) < a.last_grant;
+            a.low_signalled |= low;
+            return Local::Admitted {
+                left: a.tokens,
+                low,
+            };
+        }
+        if now < a.empty_until {
+            return Local::Refused {
+                retry_after: a.empty_until - now,
+            };
+        }
+        // Asking: what is left of this allotment goes back with the ask.
+        let unused = if now < a.expires { a.tokens } else { 0 };
+        if a.counted {
+            self.held = self.held.saturating_sub(u128::from(a.tokens));
+        }
+        a.tokens = 0;
+        Local::Ask {
+            demand: a.demand(now),
+            unused,
+        }
+    }
+
+    /// The owner's answer to an ask: the next allotment. Several asks for
+    /// one key can be out at once (a batch of its checks); their grants add
+    /// up — each ask already gave back what was left when it was made, so
+    /// overwriting would lose tokens the owner still counts as promised.
+    pub fn granted(&mut self, key: &[u8], grant: Grant, now: Nanos) {
+        let Some(k) = self.keys.get_key_value(key).map(|(k, _)| k.clone()) else {
+            return;
+        };
+        let Some(a) = self.keys.get_mut(key) else {
+            return;
+        };
+        if now >= a.expires {
+            if a.counted {
+                self.held = self.held.saturating_sub(u128::from(a.tokens));
+            }
+            a.tokens = 0;
+        }
+        if grant.amount == 0 {
+            a.empty_until = now.saturating_add(empty_wait(grant.expires.saturating_sub(now)));
+            return;
+        }
+        a.empty_until = 0;
+        a.last_grant = grant.amount;
+        a.low_signalled = false;
+        let before = if a.counted { a.tokens } else { 0 };
+        a.tokens = a.tokens.saturating_add(grant.amount);
+        self.held += u128::from(a.tokens - before);
+        let expires = a.expires.max(grant.expires);
+        // Counted from now until it expires: in `expiring` under its new
+        // expiry (an entry under the old one is stale from here on).
+        if !a.counted || expires != a.expires {
+            a.counted = true;
+            a.expires = expires;
+            let keys = &self.keys;
+            self.examined += self
+                .expiring
+                .push(expires, k, |at, k| is_counted(keys, at, k));
+        }
+    }
+
+    /// Drop every allotment's tokens (demand meters stay). A ring change,
+    /// not a request: the one walk over the table here.
+    pub fn forget(&mut self) {
+        for a in self.keys.values_mut() {
+            a.tokens = 0;
+            a.empty_until = 0;
+        }
+        self.held = 0;
+    }
+
+    /// Drop one key's allotment (an admin reset).
+    pub fn forget_key(&mut self, key: &[u8]) {
+        if let Some(a) = self.keys.get_mut(key) {
+            if a.counted {
+                self.held = self.held.saturating_sub(u128::from(a.tokens));
+            }
+            a.tokens = 0;
+            a.empty_until = 0;
+        }
+    }
+
+    /// Entries looked at so far to make room and keep the figures.
+    pub fn examined(&self) -> u64 {
+        self.examined
+    }
+
+    /// Tokens held in unexpired allotments (a gauge).
+    pub fn held(&mut self, now: Nanos) -> u64 {
+        while self.settle_one(now) {}
+        u64::try_from(self.held).unwrap_or(u64::MAX)
+    }
+
+    /// Stop counting the allotment that expired earliest, if one expired
+    /// by `now` (its tokens are no longer held): it joins `expired`. False
+    /// when none is due.
+    fn settle_one(&mut self, now: Nanos) -> bool {
+        let Some((at, k)) = self.expiring.pop_due(now) else {
+            return false;
+        };
+        self.examined += 1;
+        if let Some(a) = self.keys.get_mut(&k)
+            && a.counted
+            && a.expires == at
+        {
+            a.counted = false;
+            self.held = self.held.saturating_sub(u128::from(a.tokens));
+            let keys = &self.keys;
+            self.examined += self.expired.push(at, k, |at, k| is_expired(keys, at, k));
+        }
+        true
+    }
+
+    /// Make room for one key: evict the allotment that expired earliest.
+    /// False when every allotment is live (they hold tokens the owner
+    /// counts as promised: the new key takes the slow path instead).
+    fn evict_one(&mut self, now: Nanos) -> bool {
+        while self.settle_one(now) {}
+        while let Some((at, k)) = self.expired.pop() {
+            self.examined += 1;
+            if is_expired(&self.keys, at, &k) {
+                self.keys.remove(&k);
+                return true;
+            }
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+impl Allotments {
+    /// Entries in `expiring` and `expired`, stale ones included.
+    pub(super) fn queued(&self) -> (usize, usize) {
+        (self.expiring.len(), self.expired.len())
+    }
+
+    /// What [`Allotments::held`] must say, counted afresh.
+    pub(super) fn held_recount(&self, now: Nanos) -> u64 {
+        self.keys
+            .values()
+            .filter(|a| a.expires > now)
+            .fold(0u64, |sum, a| sum.saturating_add(a.tokens))
+    }
+}
