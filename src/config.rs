@@ -59,11 +59,12 @@ pub struct Config {
 pub struct Limits {
     /// Keys in memory; beyond it, the key closest to fresh is evicted.
     pub max_keys: usize,
-    /// Requests in one `Check` call.
+    /// Items in one check call: `requests` of a v1 `Check`, `descriptors`
+    /// of an Envoy `ShouldRateLimit`.
     pub max_batch: usize,
     /// Bytes in `name` and in `unique_key`, each.
     pub max_key_bytes: usize,
-    /// Bytes in one gRPC message.
+    /// Bytes in one gRPC message, and in one HTTP `/v1/check` body.
     pub max_message_bytes: usize,
     /// The sliding window log's largest limit.
     pub max_log_entries: u64,
@@ -73,8 +74,10 @@ pub struct Limits {
     /// Distinct `name`/`policy` label values in metrics (names come from
     /// clients); the rest are counted under `_other`.
     pub max_metric_names: usize,
-    /// `Check` calls in progress at once; beyond it a call is answered at
-    /// once, every item `UNAVAILABLE` / `OVERLOADED`, rather than queued.
+    /// Check calls in progress at once on this node, whichever front they
+    /// arrive by (v1, Envoy, HTTP: one budget); beyond it a call is answered
+    /// at once rather than queued — v1: every item `UNAVAILABLE` /
+    /// `OVERLOADED`; Envoy: a gRPC `UNAVAILABLE` error; HTTP: 503.
     pub max_in_flight_checks: usize,
     /// Open connections per gRPC listener; beyond it a new connection is
     /// closed at once.

@@ -32,6 +32,7 @@ use crate::lease::Leases;
 use crate::limiter::{ClusterSettings, Limiter, Parts};
 use crate::metrics::Metrics;
 use crate::policy::Policies;
+use crate::service::admission::Admission;
 use crate::service::grpc::{Api, Services};
 use crate::service::headers::Families;
 use crate::service::readiness::Readiness;
@@ -276,7 +277,17 @@ impl Node {
             );
         }
         let readiness = Readiness::new(limiter.clone()).await;
-        let services = Services::new(&config, limiter.clone(), admin, peer, secret, &readiness)?;
+        // One budget of checks in progress for every front end.
+        let admission = Admission::new(&config.limits, limiter.metrics().clone());
+        let services = Services::new(
+            &config,
+            limiter.clone(),
+            admin,
+            peer,
+            secret,
+            &readiness,
+            admission.clone(),
+        )?;
         let grpc = crate::service::listener::Listener {
             name: "grpc",
             listener: grpc,
@@ -305,6 +316,7 @@ impl Node {
             readiness.clone(),
             config.limits.clone(),
             families,
+            admission,
         );
         let token = shutdown.clone();
         tasks.spawn(async move {

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Status};
 
+use super::admission::Admission;
 use super::listener::Listener;
 use crate::cluster::auth::{Secret, TOKEN_HEADER};
 use crate::config::{Config, ConfigError};
@@ -96,6 +97,7 @@ impl Services {
         peer: PeerService,
         secret: Secret,
         readiness: &super::readiness::Readiness,
+        admission: Admission,
     ) -> Result<Services, GrpcError> {
         let max = config.limits.max_message_bytes;
         let health = Health::new(tonic_health::server::HealthService::from_health_reporter(
@@ -107,11 +109,17 @@ impl Services {
             v1: RateLimiterServer::new(RateLimiterService::new(
                 limiter.clone(),
                 config.limits.clone(),
+                admission.clone(),
             ))
             .max_decoding_message_size(max),
             envoy: RateLimitServiceServer::new(
-                RlsService::new(limiter.clone(), config.limits.max_key_bytes, families)
-                    .with_dynamic_metadata(config.envoy.response_dynamic_metadata),
+                RlsService::new(
+                    limiter.clone(),
+                    admission,
+                    config.limits.max_key_bytes,
+                    families,
+                )
+                .with_dynamic_metadata(config.envoy.response_dynamic_metadata),
             )
             .max_decoding_message_size(max),
             admin: AdminServer::new(admin).max_decoding_message_size(max),

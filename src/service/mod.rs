@@ -3,11 +3,14 @@
 //!
 //! - [`v1`]: `sluice.v1.RateLimiter`, the public API;
 //! - [`admin`]: `sluice.v1.Admin`, for operators;
+//! - [`admission`]: the bounds every check call meets first, whatever the
+//!   front (batch size; one budget of calls in progress per node);
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`;
 //! - [`readiness`]: what `/readyz` and gRPC health both say;
 //! - gRPC health and reflection are tonic's own services, mounted by the server.
 
 pub mod admin;
+pub mod admission;
 pub mod deadline;
 pub mod envoy;
 pub mod grpc;
