@@ -292,6 +292,7 @@ impl Node {
             name: "grpc",
             listener: grpc,
             max_connections: config.limits.max_connections,
+            idle_timeout: config.limits.idle_connection_timeout,
             resources: resources.clone(),
         };
         match peer_listener {
@@ -304,6 +305,7 @@ impl Node {
                     name: "peer",
                     listener,
                     max_connections: config.limits.max_connections,
+                    idle_timeout: config.limits.idle_connection_timeout,
                     resources,
                 };
                 tasks.spawn(services.serve(Api::Peer, peer, peer_tls, shutdown.clone())?);
@@ -582,6 +584,10 @@ fn bounds_of(config: &Config) -> Vec<(&'static str, u64)> {
         ("max_message_bytes", n(l.max_message_bytes)),
         ("max_in_flight_checks", n(l.max_in_flight_checks)),
         ("max_connections", n(l.max_connections)),
+        (
+            "idle_connection_timeout_ms",
+            u64::try_from(l.idle_connection_timeout.as_millis()).unwrap_or(u64::MAX),
+        ),
         (
             "max_concurrent_streams",
             u64::from(l.max_concurrent_streams),

@@ -1,5 +1,6 @@
-//! The gRPC servers: which services each listener serves, and the limits
-//! every call meets before a handler sees it.
+//! The gRPC servers: which services each listener serves, the limits
+//! every call meets before a handler sees it, and how long a connection
+//! lives without one (`limits.idle_connection_timeout`, keepalive pings).
 //!
 //! With no `cluster.peer_addr`, one listener serves everything (a single
 //! node needs no more). With one, the public listener serves only what apps
@@ -15,6 +16,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Status};
 
 use super::admission::Admission;
+use super::idle::{CountCallsLayer, keepalive};
 use super::listener::Listener;
 use crate::cluster::auth::{Secret, TOKEN_HEADER};
 use crate::config::{Config, ConfigError};
@@ -86,6 +88,7 @@ pub struct Services {
     health: Health,
     secret: Secret,
     max_streams: u32,
+    idle_timeout: std::time::Duration,
     resources: Arc<Resources>,
 }
 
@@ -127,6 +130,7 @@ impl Services {
             health,
             secret,
             max_streams: config.limits.max_concurrent_streams,
+            idle_timeout: config.limits.idle_connection_timeout,
             resources: limiter.metrics().resources.clone(),
         })
     }
@@ -147,9 +151,16 @@ impl Services {
                 .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         };
         let resources = self.resources.clone();
+        let (ping_every, ping_ack_within) = keepalive(self.idle_timeout);
         let mut builder = tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .max_concurrent_streams(self.max_streams)
+            // A dead peer's connection is closed even with a call in
+            // progress (an idle one is closed by the listener).
+            .http2_keepalive_interval(Some(ping_every))
+            .http2_keepalive_timeout(Some(ping_ack_within))
+            // Outermost: a call is in progress until its response ends.
+            .layer(CountCallsLayer)
             .layer(tower::util::MapResponseLayer::new(
                 move |r: http::Response<tonic::body::Body>| {
                     exhausted_not_out_of_range(r, &resources)

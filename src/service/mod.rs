@@ -6,6 +6,8 @@
 //! - [`admission`]: the bounds every check call meets first, whatever the
 //!   front (batch size; one budget of calls in progress per node);
 //! - [`http`]: `/metrics`, `/healthz`, `/readyz`;
+//! - [`listener`], [`idle`]: the gRPC accept loops; connections bounded,
+//!   and closed when idle;
 //! - [`readiness`]: what `/readyz` and gRPC health both say;
 //! - gRPC health and reflection are tonic's own services, mounted by the server.
 
@@ -17,6 +19,7 @@ pub mod grpc;
 /// Refusal and quota headers: the `sluice-api` crate's, shared with the client.
 pub use sluice_api::headers;
 pub mod http;
+pub mod idle;
 pub mod listener;
 pub mod peer;
 pub mod readiness;
