@@ -107,16 +107,20 @@ pub struct ConnInfo<I> {
     pub activity: Arc<Activity>,
 }
 
-/// The activity of the connection a request came by, over plain TCP or TLS.
-fn activity(extensions: &http::Extensions) -> Option<&Arc<Activity>> {
-    extensions
-        .get::<ConnInfo<TcpConnectInfo>>()
-        .map(|c| &c.activity)
-        .or_else(|| {
-            extensions
-                .get::<ConnInfo<TlsConnectInfo<TcpConnectInfo>>>()
-                .map(|c| &c.activity)
-        })
+/// A request's call begins on its connection (over plain TCP or TLS), and
+/// the transport's own info is put back where tonic's `remote_addr()` and
+/// `peer_certs()` look for it (as tonic inserts it for its own streams).
+fn begin(extensions: &mut http::Extensions) -> Option<Call> {
+    if let Some(c) = extensions.get::<ConnInfo<TcpConnectInfo>>().cloned() {
+        extensions.insert(c.transport);
+        return Some(c.activity.call());
+    }
+    let c = extensions
+        .get::<ConnInfo<TlsConnectInfo<TcpConnectInfo>>>()
+        .cloned()?;
+    extensions.insert(c.transport.get_ref().clone());
+    extensions.insert(c.transport);
+    Some(c.activity.call())
 }
 
 /// The timer of one connection's idle timeout.
@@ -186,8 +190,8 @@ where
         self.0.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
-        let call = activity(request.extensions()).map(Activity::call);
+    fn call(&mut self, mut request: http::Request<ReqBody>) -> Self::Future {
+        let call = begin(request.extensions_mut());
         let response = self.0.call(request);
         Box::pin(async move {
             let response = response.await?;
@@ -235,6 +239,40 @@ mod tests {
         assert_eq!(keepalive(s(60)), (s(15), s(15)));
         let ms = Duration::from_millis;
         assert_eq!(keepalive(ms(200)), (ms(50), ms(50)));
+    }
+
+    /// A request's call is counted from its start to the end of its
+    /// response body, and the handler still finds the transport's info.
+    #[tokio::test]
+    async fn a_call_lasts_until_its_response_body_ends() {
+        use tower::{Layer, Service, ServiceExt};
+        let activity = Activity::new();
+        let remote = "127.0.0.1:4000".parse().ok();
+        let seen = activity.clone();
+        let mut service = CountCallsLayer.layer(tower::service_fn(move |r: http::Request<()>| {
+            let calls = seen.calls();
+            let addr = r
+                .extensions()
+                .get::<TcpConnectInfo>()
+                .map(|i| i.remote_addr);
+            async move {
+                assert_eq!(calls, 1, "in progress in the handler");
+                assert_eq!(addr, Some(remote), "the transport's info is there");
+                Ok::<_, std::convert::Infallible>(http::Response::new(String::from("body")))
+            }
+        }));
+        let mut request = http::Request::new(());
+        request.extensions_mut().insert(ConnInfo {
+            transport: TcpConnectInfo {
+                local_addr: None,
+                remote_addr: remote,
+            },
+            activity: activity.clone(),
+        });
+        let response = service.ready().await.unwrap().call(request).await.unwrap();
+        assert_eq!(activity.calls(), 1, "the body is not sent yet");
+        drop(response);
+        assert_eq!(activity.calls(), 0);
     }
 
     #[tokio::test]
