@@ -61,11 +61,12 @@ pub struct Config {
 pub struct Limits {
     /// Keys in memory; beyond it, the key closest to fresh is evicted.
     pub max_keys: usize,
-    /// Requests in one `Check` call.
+    /// Items in one check call: `requests` of a v1 `Check`, `descriptors`
+    /// of an Envoy `ShouldRateLimit`.
     pub max_batch: usize,
     /// Bytes in `name` and in `unique_key`, each.
     pub max_key_bytes: usize,
-    /// Bytes in one gRPC message.
+    /// Bytes in one gRPC message, and in one HTTP `/v1/check` body.
     pub max_message_bytes: usize,
     /// The sliding window log's largest limit.
     pub max_log_entries: u64,
@@ -75,12 +76,24 @@ pub struct Limits {
     /// Distinct `name`/`policy` label values in metrics (names come from
     /// clients); the rest are counted under `_other`.
     pub max_metric_names: usize,
-    /// `Check` calls in progress at once; beyond it a call is answered at
-    /// once, every item `UNAVAILABLE` / `OVERLOADED`, rather than queued.
+    /// Check calls in progress at once on this node, whichever front they
+    /// arrive by (v1, Envoy, HTTP: one budget); beyond it a call is answered
+    /// at once rather than queued — v1: every item `UNAVAILABLE` /
+    /// `OVERLOADED`; Envoy: a gRPC `UNAVAILABLE` error; HTTP: 503.
     pub max_in_flight_checks: usize,
     /// Open connections per gRPC listener; beyond it a new connection is
     /// closed at once.
     pub max_connections: usize,
+    /// A gRPC connection with no call in progress for this long is closed,
+    /// e.g. "5m", and its place in `max_connections` freed: otherwise a
+    /// client that connects and goes quiet (or a connection that never
+    /// starts a call) holds its place forever. Idle means no call, not no
+    /// bytes: HTTP/2 keepalive pings (every quarter of this, at most a
+    /// minute, each answered within 20 s at most) flow on idle connections
+    /// too, and they are what close a dead peer's connection while a call
+    /// is in progress. A client's channel reconnects on its next call.
+    #[serde(with = "humantime_serde_compat")]
+    pub idle_connection_timeout: Duration,
     /// Concurrent HTTP/2 streams (calls) per connection.
     pub max_concurrent_streams: u32,
 }
@@ -337,6 +350,7 @@ impl Default for Limits {
             max_metric_names: 100,
             max_in_flight_checks: 10_000,
             max_connections: 10_000,
+            idle_connection_timeout: Duration::from_secs(300),
             max_concurrent_streams: 1_000,
         }
     }
@@ -427,6 +441,11 @@ impl Config {
         if l.sweep_interval.is_zero() {
             return Err(ConfigError(
                 "limits.sweep_interval: must be greater than zero".into(),
+            ));
+        }
+        if l.idle_connection_timeout < Duration::from_millis(10) {
+            return Err(ConfigError(
+                "limits.idle_connection_timeout: at least 10ms".into(),
             ));
         }
         if self.node_id.is_empty() {
@@ -571,6 +590,7 @@ mod tests {
         let c = Sources::default().load().unwrap();
         assert_eq!(c.grpc_addr.port(), 8081);
         assert_eq!(c.limits.max_batch, 1_000);
+        assert_eq!(c.limits.idle_connection_timeout, Duration::from_secs(300));
         assert!(c.policies.is_empty());
     }
 
@@ -603,6 +623,14 @@ mod tests {
         let cases = [
             ("[limits]\nmax_keys = \"many\"\n", "max_keys"),
             ("[limits]\nmax_batch = 0\n", "limits.max_batch"),
+            (
+                "[limits]\nidle_connection_timeout = \"0s\"\n",
+                "limits.idle_connection_timeout",
+            ),
+            (
+                "[limits]\nidle_connection_timeout = \"soon\"\n",
+                "idle_connection_timeout",
+            ),
             ("unknown_thing = 1\n", "unknown_thing"),
         ];
         for (body, key) in cases {

@@ -120,7 +120,8 @@ pub struct Metrics {
     pub invalid: Family<Vec<(&'static str, &'static str)>, Counter>,
     /// Config reloads by result (ok / error).
     pub reloads: Family<Vec<(&'static str, &'static str)>, Counter>,
-    /// `Check` calls in progress (saturation), and calls shed as overloaded.
+    /// Check calls in progress, every front end (saturation), and calls
+    /// shed as overloaded.
     pub in_flight: Gauge,
     pub overloaded: Counter,
     pub cluster: Arc<ClusterMetrics>,
@@ -159,13 +160,13 @@ impl Metrics {
         let in_flight = Gauge::default();
         registry.register(
             "sluice_checks_in_flight",
-            "Check calls in progress (at the last call's start)",
+            "Check calls in progress (v1, Envoy and HTTP together)",
             in_flight.clone(),
         );
         let overloaded = Counter::default();
         registry.register(
             "sluice_overloaded_checks",
-            "Check calls shed at once, every item UNAVAILABLE/OVERLOADED",
+            "Check calls shed at once, over max_in_flight_checks (any front)",
             overloaded.clone(),
         );
         let cluster = Arc::new(ClusterMetrics::new());

@@ -11,13 +11,15 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use tokio::sync::Semaphore;
 
 /// Resource bounds: each configured bound, the use of the ones that are
-/// not counted elsewhere (open connections per listener), and the work
-/// refused for exceeding one (`RESOURCE_EXHAUSTED`, or a closed connection).
+/// not counted elsewhere (open connections per listener), the work
+/// refused for exceeding one (`RESOURCE_EXHAUSTED`, or a closed connection),
+/// and the connections closed for being idle.
 #[derive(Debug, Default)]
 pub struct Resources {
     bounds: Mutex<Vec<(&'static str, u64)>>,
     listeners: Mutex<Vec<(&'static str, Arc<Semaphore>, usize)>>,
     exhausted: Family<Vec<(&'static str, &'static str)>, Counter>,
+    idle_closed: Family<Vec<(&'static str, &'static str)>, Counter>,
 }
 
 impl Resources {
@@ -41,6 +43,19 @@ impl Resources {
         self.exhausted
             .get_or_create(&vec![("resource", resource)])
             .inc();
+    }
+
+    /// A connection of `listener` closed after its idle timeout.
+    pub fn idle_closed(&self, listener: &'static str) {
+        self.idle_closed
+            .get_or_create(&vec![("listener", listener)])
+            .inc();
+    }
+
+    pub fn idle_closed_count(&self, listener: &'static str) -> u64 {
+        self.idle_closed
+            .get_or_create(&vec![("listener", listener)])
+            .get()
     }
 
     pub fn exhausted_count(&self, resource: &'static str) -> u64 {
@@ -88,6 +103,12 @@ impl Collector for ResourcesCollector {
         r.exhausted.encode(encoder.encode_descriptor(
             "sluice_resource_exhausted",
             "Work refused at a resource bound, by resource",
+            None,
+            MetricType::Counter,
+        )?)?;
+        r.idle_closed.encode(encoder.encode_descriptor(
+            "sluice_idle_connections_closed",
+            "Connections closed after limits.idle_connection_timeout with no call, by listener",
             None,
             MetricType::Counter,
         )?)

@@ -32,6 +32,7 @@ use crate::lease::Leases;
 use crate::limiter::{ClusterSettings, Limiter, Parts};
 use crate::metrics::Metrics;
 use crate::policy::Policies;
+use crate::service::admission::Admission;
 use crate::service::grpc::{Api, Services};
 use crate::service::headers::Families;
 use crate::service::operator::{AdminToken, OperatorAuth};
@@ -288,12 +289,22 @@ impl Node {
             );
         }
         let readiness = Readiness::new(limiter.clone()).await;
-        let operator = OperatorAuth::new(admin_token, secret);
-        let services = Services::new(&config, limiter.clone(), admin, peer, operator, &readiness)?;
+        // One budget of checks in progress for every front end.
+        let admission = Admission::new(&config.limits, limiter.metrics().clone());
+        let services = Services::new(
+            &config,
+            limiter.clone(),
+            admin,
+            peer,
+            OperatorAuth::new(admin_token, secret),
+            &readiness,
+            admission.clone(),
+        )?;
         let grpc = crate::service::listener::Listener {
             name: "grpc",
             listener: grpc,
             max_connections: config.limits.max_connections,
+            idle_timeout: config.limits.idle_connection_timeout,
             resources: resources.clone(),
         };
         match peer_listener {
@@ -306,6 +317,7 @@ impl Node {
                     name: "peer",
                     listener,
                     max_connections: config.limits.max_connections,
+                    idle_timeout: config.limits.idle_connection_timeout,
                     resources,
                 };
                 tasks.spawn(services.serve(Api::Peer, peer, peer_tls, shutdown.clone())?);
@@ -315,6 +327,7 @@ impl Node {
             name: "admin",
             listener: admin_listener,
             max_connections: config.limits.max_connections,
+            idle_timeout: config.limits.idle_connection_timeout,
             resources: limiter.metrics().resources.clone(),
         };
         tasks.spawn(services.serve(Api::Admin, admin_listener, None, shutdown.clone())?);
@@ -325,6 +338,7 @@ impl Node {
             readiness.clone(),
             config.limits.clone(),
             families,
+            admission,
         );
         let token = shutdown.clone();
         tasks.spawn(async move {
@@ -591,6 +605,10 @@ fn bounds_of(config: &Config) -> Vec<(&'static str, u64)> {
         ("max_message_bytes", n(l.max_message_bytes)),
         ("max_in_flight_checks", n(l.max_in_flight_checks)),
         ("max_connections", n(l.max_connections)),
+        (
+            "idle_connection_timeout_ms",
+            u64::try_from(l.idle_connection_timeout.as_millis()).unwrap_or(u64::MAX),
+        ),
         (
             "max_concurrent_streams",
             u64::from(l.max_concurrent_streams),

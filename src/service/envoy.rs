@@ -13,7 +13,13 @@
 //!   included), as upstream.
 //! - An answer with status `UNAVAILABLE` (owner unreachable, policy `deny`)
 //!   makes the whole call a gRPC `UNAVAILABLE` error, so Envoy's
-//!   `failure_mode_deny` decides what the request gets.
+//!   `failure_mode_deny` decides what the request gets. So does a node
+//!   saturated with checks in progress (`limits.max_in_flight_checks`, one
+//!   budget with the other front ends): the call is refused at once,
+//!   `UNAVAILABLE` naming the bound, rather than queued.
+//! - More descriptors than `limits.max_batch` is `RESOURCE_EXHAUSTED`
+//!   naming `descriptors`, as too many `requests` is on the v1 API
+//!   (DESIGN §6: the node's own inbound bounds); nothing is decided.
 //! - Envoy has no field for a leaky bucket's delay: it travels as the request
 //!   header `x-sluice-delay-ms` (in `request_headers_to_add`, for the
 //!   upstream to honour), the largest delay of the request's descriptors.
@@ -31,6 +37,7 @@ use prost_types::{ListValue, Struct, Value};
 
 use tonic::{Request, Response, Status as GrpcStatus};
 
+use super::admission::Admission;
 use super::headers::{self, Families, Quota};
 use crate::limiter::{Descriptor, DescriptorOutcome, Limiter, Reason, Status};
 use crate::policy::rules::Unit;
@@ -45,6 +52,8 @@ use crate::proto::envoy::r#type::v3::RateLimitUnit;
 
 pub struct RlsService {
     limiter: Limiter,
+    /// The node's admission bounds, shared with the other front ends.
+    admission: Admission,
     max_key_bytes: usize,
     /// Families of `response_headers_to_add`; None: no headers.
     headers: Option<Families>,
@@ -53,9 +62,15 @@ pub struct RlsService {
 }
 
 impl RlsService {
-    pub fn new(limiter: Limiter, max_key_bytes: usize, headers: Option<Families>) -> RlsService {
+    pub fn new(
+        limiter: Limiter,
+        admission: Admission,
+        max_key_bytes: usize,
+        headers: Option<Families>,
+    ) -> RlsService {
         RlsService {
             limiter,
+            admission,
             max_key_bytes,
             headers,
             dynamic_metadata: false,
@@ -114,6 +129,13 @@ impl RateLimitService for RlsService {
         // Envoy's filter timeout arrives as the call's deadline.
         let budget = super::deadline::grpc_timeout(request.metadata());
         let r = request.into_inner();
+        self.admission
+            .batch("descriptors", r.descriptors.len())
+            .map_err(|e| GrpcStatus::resource_exhausted(e.to_string()))?;
+        let _admitted = self
+            .admission
+            .admit()
+            .map_err(|e| GrpcStatus::unavailable(format!("{e}; failure_mode_deny decides")))?;
         let mut descriptors = Vec::with_capacity(r.descriptors.len());
         for d in &r.descriptors {
             descriptors.push(Descriptor {

@@ -1,5 +1,6 @@
-//! The gRPC servers: which services each listener serves, and the limits
-//! every call meets before a handler sees it.
+//! The gRPC servers: which services each listener serves, the limits
+//! every call meets before a handler sees it, and how long a connection
+//! lives without one (`limits.idle_connection_timeout`, keepalive pings).
 //!
 //! The public listener serves what apps call — the v1 API, the Envoy front,
 //! health and reflection. The admin listener (`admin.addr`, loopback by
@@ -17,6 +18,8 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
 
+use super::admission::Admission;
+use super::idle::{CountCallsLayer, keepalive};
 use super::listener::Listener;
 use crate::config::{Config, ConfigError};
 use crate::limiter::Limiter;
@@ -72,6 +75,7 @@ pub struct Services {
     /// the peer listener): else the peer API is not served.
     peer_authenticated: bool,
     max_streams: u32,
+    idle_timeout: std::time::Duration,
     resources: Arc<Resources>,
 }
 
@@ -83,6 +87,7 @@ impl Services {
         peer: PeerService,
         operator: OperatorAuth,
         readiness: &super::readiness::Readiness,
+        admission: Admission,
     ) -> Result<Services, GrpcError> {
         let max = config.limits.max_message_bytes;
         let health = Health::new(tonic_health::server::HealthService::from_health_reporter(
@@ -94,11 +99,17 @@ impl Services {
             v1: RateLimiterServer::new(RateLimiterService::new(
                 limiter.clone(),
                 config.limits.clone(),
+                admission.clone(),
             ))
             .max_decoding_message_size(max),
             envoy: RateLimitServiceServer::new(
-                RlsService::new(limiter.clone(), config.limits.max_key_bytes, families)
-                    .with_dynamic_metadata(config.envoy.response_dynamic_metadata),
+                RlsService::new(
+                    limiter.clone(),
+                    admission,
+                    config.limits.max_key_bytes,
+                    families,
+                )
+                .with_dynamic_metadata(config.envoy.response_dynamic_metadata),
             )
             .max_decoding_message_size(max),
             admin: AdminServer::new(admin).max_decoding_message_size(max),
@@ -108,6 +119,7 @@ impl Services {
             peer_authenticated: config.cluster.secret_bytes()?.is_some()
                 || (config.cluster.tls.is_some() && config.cluster.peer_addr.is_some()),
             max_streams: config.limits.max_concurrent_streams,
+            idle_timeout: config.limits.idle_connection_timeout,
             resources: limiter.metrics().resources.clone(),
         })
     }
@@ -128,9 +140,16 @@ impl Services {
                 .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         };
         let resources = self.resources.clone();
+        let (ping_every, ping_ack_within) = keepalive(self.idle_timeout);
         let mut builder = tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .max_concurrent_streams(self.max_streams)
+            // A dead peer's connection is closed even with a call in
+            // progress (an idle one is closed by the listener).
+            .http2_keepalive_interval(Some(ping_every))
+            .http2_keepalive_timeout(Some(ping_ack_within))
+            // Outermost: a call is in progress until its response ends.
+            .layer(CountCallsLayer)
             .layer(tower::util::MapResponseLayer::new(
                 move |r: http::Response<tonic::body::Body>| {
                     exhausted_not_out_of_range(r, &resources)

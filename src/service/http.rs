@@ -8,6 +8,14 @@
 //! `on_owner_unreachable`; enum values by their short lowercase names) and
 //! answers 200 (admitted), 429 (refused), 503 (no decision) or 400 (invalid,
 //! naming the field), with a JSON body and the quota headers.
+//!
+//! The endpoint meets the bounds the gRPC fronts do: its body is at most
+//! `limits.max_message_bytes` (beyond it, 413 naming `body` — one check per
+//! call, so the message is the only thing that can be too large), and it
+//! shares the node's one budget of checks in progress
+//! (`limits.max_in_flight_checks`, [`Admission`]): when that is spent the
+//! call is answered at once, 503 with `"reason": "overloaded"` and
+//! `Retry-After`, not queued.
 
 use std::time::Duration;
 
@@ -18,6 +26,7 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use serde::Deserialize;
 
+use super::admission::{Admission, Overloaded};
 use super::headers::{self, Families, Quota};
 use super::readiness::Readiness;
 use super::wire;
@@ -31,6 +40,7 @@ struct AppState {
     readiness: Readiness,
     limits: Limits,
     families: Families,
+    admission: Admission,
 }
 
 /// The admin router; `/readyz` says what `readiness` does.
@@ -39,6 +49,7 @@ pub fn router(
     readiness: Readiness,
     limits: Limits,
     families: Families,
+    admission: Admission,
 ) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
@@ -50,6 +61,7 @@ pub fn router(
             readiness,
             limits,
             families,
+            admission,
         })
 }
 
@@ -140,11 +152,47 @@ impl JsonCheck {
 }
 
 fn invalid(field: &str, message: String) -> axum::response::Response {
-    let body = serde_json::json!({"error": {"field": field, "message": message}});
-    (StatusCode::BAD_REQUEST, axum::Json(body)).into_response()
+    refused(StatusCode::BAD_REQUEST, field, message)
 }
 
-async fn check(State(s): State<AppState>, body: axum::body::Bytes) -> axum::response::Response {
+fn refused(code: StatusCode, field: &str, message: String) -> axum::response::Response {
+    let body = serde_json::json!({"error": {"field": field, "message": message}});
+    (code, axum::Json(body)).into_response()
+}
+
+/// The node's budget of checks in progress is spent: 503 at once, shaped
+/// as any answer without a decision (`status` and `reason` as the v1 API's
+/// `UNAVAILABLE` / `OVERLOADED`), with the bound named and `Retry-After`
+/// (when that family is on) — a slot frees as soon as a call in progress
+/// ends.
+fn overloaded(families: Families, e: &Overloaded) -> axum::response::Response {
+    let mut head = HeaderMap::new();
+    if families.retry_after {
+        head.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    let body = serde_json::json!({
+        "status": "unavailable",
+        "reason": "overloaded",
+        "message": e.to_string(),
+    });
+    (StatusCode::SERVICE_UNAVAILABLE, head, axum::Json(body)).into_response()
+}
+
+async fn check(State(s): State<AppState>, body: axum::body::Body) -> axum::response::Response {
+    // Read at most the bound: a larger body is refused, not buffered.
+    let max = s.limits.max_message_bytes;
+    let Ok(body) = axum::body::to_bytes(body, max).await else {
+        s.limiter.metrics().resources.exhausted("message_bytes");
+        return refused(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body",
+            format!("body: at most {max} bytes (limits.max_message_bytes)"),
+        );
+    };
+    let _admitted = match s.admission.admit() {
+        Ok(admitted) => admitted,
+        Err(e) => return overloaded(s.families, &e),
+    };
     // Any content type: `curl -d` sends form-encoded by default.
     let request: JsonCheck = match serde_json::from_slice(&body) {
         Ok(b) => b,

@@ -1,10 +1,12 @@
-//! The gRPC listeners' accept loops: a bound on open connections, and the
-//! TLS handshake (when configured) off the accept loop.
+//! The gRPC listeners' accept loops: a bound on open connections, the TLS
+//! handshake (when configured) off the accept loop, and the idle timeout.
 //!
 //! A connection beyond `max_connections` is closed at once and counted:
 //! before HTTP/2 is spoken there is no way to send it a status, and holding
 //! it open would be the unbounded queue the bound exists to prevent. Each
-//! admitted connection holds a semaphore permit until it closes.
+//! admitted connection holds a semaphore permit until it closes — which an
+//! idle one does after `idle_connection_timeout` with no call in progress
+//! (see [`super::idle`]), counted in `sluice_idle_connections_closed_total`.
 
 use std::io;
 use std::pin::Pin;
@@ -19,6 +21,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::Connected;
 
+use super::idle::{Activity, ConnInfo, Idle};
 use crate::metrics::Resources;
 use crate::tls::Reloading;
 
@@ -27,27 +30,52 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Handshaken connections waiting for the server to take them.
 const READY_QUEUE: usize = 64;
 
-/// A connection that holds its listener's permit while open.
+/// A connection that holds its listener's permit while open, and ends
+/// itself once idle.
 pub struct Limited<IO> {
     io: IO,
     _permit: OwnedSemaphorePermit,
+    activity: Arc<Activity>,
+    idle: Idle,
+    /// The idle timeout has ended it: every read is an end of stream.
+    ended: bool,
+    name: &'static str,
+    resources: Arc<Resources>,
 }
 
 impl<IO: Connected> Connected for Limited<IO> {
-    type ConnectInfo = IO::ConnectInfo;
+    type ConnectInfo = ConnInfo<IO::ConnectInfo>;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
+        ConnInfo {
+            transport: self.io.connect_info(),
+            activity: self.activity.clone(),
+        }
     }
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Limited<IO> {
+    /// Reads; when nothing arrives, the idle timer is polled too (so it
+    /// wakes the connection), and once it has expired the read is an end of
+    /// stream: the server closes the connection, and the permit is freed.
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        let this = &mut *self;
+        if this.ended {
+            return Poll::Ready(Ok(()));
+        }
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Pending if this.idle.expired(cx) => {
+                this.ended = true;
+                this.resources.idle_closed(this.name);
+                tracing::debug!(listener = this.name, "idle connection closed");
+                Poll::Ready(Ok(()))
+            }
+            read => read,
+        }
     }
 }
 
@@ -87,6 +115,8 @@ pub struct Listener {
     pub name: &'static str,
     pub listener: TcpListener,
     pub max_connections: usize,
+    /// A connection with no call in progress this long is closed.
+    pub idle_timeout: Duration,
     pub resources: Arc<Resources>,
 }
 
@@ -135,6 +165,7 @@ impl Listener {
             name,
             listener,
             max_connections,
+            idle_timeout,
             resources,
         } = self;
         resources.listener(name, permits.clone(), max_connections.max(1));
@@ -160,11 +191,20 @@ impl Listener {
                 // Nagle and delayed ACKs would hold small answers back.
                 let _ = tcp.set_nodelay(true);
                 let (tx, handshake) = (tx.clone(), handshake(tcp));
+                let resources = resources.clone();
                 tokio::spawn(async move {
                     if let Ok(io) = handshake.await {
+                        // Idle from the end of the handshake (which has
+                        // its own timeout).
+                        let activity = Activity::new();
                         let conn = Limited {
                             io,
                             _permit: permit,
+                            idle: Idle::new(activity.clone(), idle_timeout),
+                            activity,
+                            ended: false,
+                            name,
+                            resources,
                         };
                         let _ = tx.send(Ok(conn)).await;
                     }

@@ -1,13 +1,11 @@
 //! `sluice.v1.RateLimiter`: the public API. Converts, calls the limiter,
 //! converts back — no business rules here.
 
-use std::sync::Arc;
 use std::time::Instant;
-
-use tokio::sync::Semaphore;
 
 use tonic::{Request, Response, Status};
 
+use super::admission::Admission;
 use super::wire;
 use crate::config::Limits;
 use crate::limiter::Limiter;
@@ -17,17 +15,16 @@ use crate::proto::v1::rate_limiter_server::RateLimiter;
 pub struct RateLimiterService {
     limiter: Limiter,
     limits: Limits,
-    /// Calls in progress; a call that finds none left is shed, not queued.
-    in_flight: Arc<Semaphore>,
+    /// The node's admission bounds, shared with the other front ends.
+    admission: Admission,
 }
 
 impl RateLimiterService {
-    pub fn new(limiter: Limiter, limits: Limits) -> RateLimiterService {
-        let in_flight = Arc::new(Semaphore::new(limits.max_in_flight_checks.max(1)));
+    pub fn new(limiter: Limiter, limits: Limits, admission: Admission) -> RateLimiterService {
         RateLimiterService {
             limiter,
             limits,
-            in_flight,
+            admission,
         }
     }
 }
@@ -41,18 +38,12 @@ impl RateLimiter for RateLimiterService {
         let started = Instant::now();
         let budget = super::deadline::grpc_timeout(request.metadata());
         let requests = request.into_inner().requests;
-        if requests.len() > self.limits.max_batch {
-            self.limiter.metrics().resources.exhausted("requests");
-            return Err(Status::resource_exhausted(format!(
-                "requests: at most {} per call, got {}",
-                self.limits.max_batch,
-                requests.len()
-            )));
+        if let Err(e) = self.admission.batch("requests", requests.len()) {
+            return Err(Status::resource_exhausted(e.to_string()));
         }
-        let Ok(_permit) = self.in_flight.clone().try_acquire_owned() else {
+        let Ok(_admitted) = self.admission.admit() else {
             // Saturated: answer at once with a typed reason instead of
             // queueing work whose caller may already have given up.
-            self.limiter.metrics().overloaded.inc();
             let responses = requests
                 .into_iter()
                 .map(|r| {
@@ -64,9 +55,6 @@ impl RateLimiter for RateLimiterService {
                 .collect();
             return Ok(Response::new(pb::CheckResponse { responses }));
         };
-        let in_flight =
-            self.limits.max_in_flight_checks.max(1) - self.in_flight.available_permits();
-        self.limiter.metrics().in_flight.set(in_flight as i64);
         let checks = requests
             .iter()
             .map(|r| wire::check_from_wire(r, &self.limits))
