@@ -129,7 +129,12 @@ async fn an_unreachable_limiter_is_a_decision_and_is_counted() {
         .unwrap();
     let d = deny.check(&check).await.unwrap();
     assert!(!d.allowed && d.source == Source::Unavailable, "{d:?}");
-    assert!(d.retry_after.is_some(), "a refusal says when to retry");
+    // With no count to go by, the client says: try again after a second.
+    assert_eq!(
+        d.retry_after,
+        Some(Duration::from_secs(1)),
+        "a refusal says when to retry"
+    );
     assert_eq!(deny.stats().unavailable_denied.load(Relaxed), 1);
 
     // Local: a quarter of 10/min in process; a policy only if told its limit.

@@ -86,7 +86,21 @@ fn seeds_reach_the_code_under_test() {
     let config = String::from_utf8(inputs("seeds", "config_text")[0].1.clone()).unwrap();
     let (c, policies) = sluice::policy::from_toml_str(&config).unwrap();
     assert_eq!(c.limits.max_batch, 10);
-    assert!(policies.get("month").is_some());
+    // The seed's `[policies.month]`, as written there.
+    let month = policies.get("month").expect("the month policy loads");
+    assert_eq!(
+        month.spec.algorithm(),
+        sluice::algorithm::Algorithm::FixedWindow
+    );
+    assert_eq!(month.spec.limit(), i64::MAX as u64);
+    assert_eq!(
+        month.spec.period(),
+        sluice::algorithm::Period::Calendar(sluice::algorithm::CalendarUnit::Month)
+    );
+    assert_eq!(
+        month.on_owner_unreachable,
+        sluice::policy::OnOwnerUnreachable::Deny
+    );
     let rules = String::from_utf8(inputs("seeds", "rules_text")[0].1.clone()).unwrap();
     let mut r = sluice::policy::rules::Rules::default();
     r.add(&rules, &sluice::algorithm::Bounds::default())

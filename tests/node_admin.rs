@@ -179,7 +179,30 @@ async fn reflection_lists_and_describes_the_api() {
     else {
         panic!("expected file descriptors");
     };
-    assert!(!files.file_descriptor_proto.is_empty());
+    // The file asked for (the one defining `sluice.v1.RateLimiter`) is
+    // there, with the service and its one method.
+    let files: Vec<prost_types::FileDescriptorProto> = files
+        .file_descriptor_proto
+        .iter()
+        .map(|b| prost::Message::decode(&b[..]).expect("a FileDescriptorProto"))
+        .collect();
+    let file = files
+        .iter()
+        .find(|f| f.service.iter().any(|s| s.name() == "RateLimiter"))
+        .unwrap_or_else(|| {
+            panic!(
+                "no file defines RateLimiter: {:?}",
+                files.iter().map(|f| f.name()).collect::<Vec<_>>()
+            )
+        });
+    assert_eq!(file.package(), "sluice.v1");
+    let service = file
+        .service
+        .iter()
+        .find(|s| s.name() == "RateLimiter")
+        .unwrap();
+    let methods: Vec<&str> = service.method.iter().map(|m| m.name()).collect();
+    assert_eq!(methods, ["Check"]);
 
     let mut alpha = Alpha::new(n.channel.clone());
     let requests = tokio_stream::iter(vec![AlphaRequest {
@@ -191,11 +214,23 @@ async fn reflection_lists_and_describes_the_api() {
         .await
         .unwrap()
         .into_inner();
-    let reply = replies.next().await.unwrap().unwrap();
-    assert!(matches!(
-        reply.message_response,
-        Some(AlphaResp::ListServicesResponse(_))
-    ));
+    let Some(AlphaResp::ListServicesResponse(list)) =
+        replies.next().await.unwrap().unwrap().message_response
+    else {
+        panic!("expected a v1alpha service list");
+    };
+    // The same services as v1 lists.
+    let alpha_services: Vec<_> = list.service.into_iter().map(|s| s.name).collect();
+    for s in [
+        "sluice.v1.RateLimiter",
+        "sluice.v1.Admin",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(
+            alpha_services.iter().any(|x| x == s),
+            "{s} missing from {alpha_services:?}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -79,10 +79,13 @@ async fn idle_keys_are_swept_once_fresh() {
         store.len() == 1
     })
     .await;
-    assert!(
-        n.node.limiter.inspect("idle", "ten").is_some(),
-        "a key still in use stays"
-    );
+    // A key still in use stays, with what it had: 10 hits, one refilled.
+    let ten = n
+        .node
+        .limiter
+        .inspect("idle", "ten")
+        .expect("a key still in use stays");
+    assert_eq!((ten.hits, ten.remaining), (10, 1));
     n.clock.advance(900 * MS);
     eventually("every key to go", WAIT, || async { store.is_empty() }).await;
 }
@@ -101,8 +104,13 @@ async fn a_full_table_evicts_the_key_closest_to_fresh() {
     let limiter = &n.node.limiter;
     assert_eq!(limiter.store().len(), 3);
     assert!(limiter.inspect("evict", "ten").is_none());
-    for k in ["ninety", "fifty", "new"] {
-        assert!(limiter.inspect("evict", k).is_some(), "{k} kept");
+    // The kept keys keep their counts (an eviction would have restarted
+    // one fresh).
+    for (k, hits) in [("ninety", 9), ("fifty", 5), ("new", 1)] {
+        let v = limiter
+            .inspect("evict", k)
+            .unwrap_or_else(|| panic!("{k} kept"));
+        assert_eq!((v.hits, v.remaining), (hits, 10 - hits), "{k}");
     }
     let metrics = n.http_get("/metrics").await.1;
     assert!(metrics.contains("sluice_evictions_total 1"), "{metrics}");

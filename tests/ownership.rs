@@ -392,6 +392,9 @@ async fn leases_spent_while_an_owner_is_stopped_are_all_counted_at_the_owner() {
         },
     )
     .await;
+    // Presence only, by nature: how many checks fall on leases depends on
+    // how long the edges take to see node-2 stopped (real time, a loaded
+    // machine). What they admitted is checked per key below, exactly.
     assert!(leased > 0, "the stop sent decisions to leases");
     // Every admitted hit — exact or leased — is in the owner's count.
     let peeks = {

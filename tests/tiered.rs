@@ -154,7 +154,11 @@ async fn run(weights: &[usize], label: &str) {
         local * 2 > edges_offered,
         "most edge decisions without a hop ({local} of {edges_offered})"
     );
-    assert!(grants >= 1.0);
+    // A lower bound by nature: how many allotments the owner grants
+    // depends on real-time demand and report timing (driven clocks). The
+    // figures that matter — over-admission, shares, local decisions — are
+    // bounded above.
+    assert!(grants >= 1.0, "the owner granted allotments");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -202,6 +206,8 @@ async fn the_owner_killed_mid_load_leaves_no_caller_unanswered() {
     );
     // The fallback issue's bound for an owner crash near the limit: 10%.
     assert!(over <= 0.10, "over-admission {over:.4} within 10%");
+    // Presence only, by nature: each survivor's share of a rate on real
+    // time depends on scheduling; the total is bounded above.
     assert!(
         after.per_node.iter().all(|p| p.1 > 0),
         "both survivors kept admitting: {:?}",
@@ -262,6 +268,8 @@ async fn scale_out_mid_load_keeps_the_bound() {
         after.paths[pb::Path::Owner as usize],
     );
     assert!(over <= 0.05, "over-admission {over:.4} within 5%");
+    // Presence only, by nature: each node's share of a rate on real time
+    // depends on scheduling; the total is bounded above.
     assert!(
         after.per_node.iter().all(|p| p.1 > 0),
         "the new node got a share: {:?}",

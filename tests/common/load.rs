@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sluice::cluster::ring::{Member, Ring};
 use sluice::proto::v1 as pb;
@@ -42,7 +42,8 @@ pub struct Tally {
     pub approximate: usize,
     /// The first few errors, to say what went wrong.
     pub first_errors: Vec<String>,
-    /// Each call's latency as the client saw it (a benchmark figure).
+    /// Each call's latency from its *intended* start (see [`Schedule`]):
+    /// a benchmark figure.
     pub latencies: Vec<Duration>,
 }
 
@@ -105,7 +106,7 @@ impl Tally {
         );
     }
 
-    /// The 99th percentile of the calls' latencies.
+    /// The 99th percentile of the calls' latencies (from intended start).
     pub fn p99(&self) -> Duration {
         let mut l = self.latencies.clone();
         l.sort();
@@ -164,7 +165,7 @@ impl Tally {
     pub fn summary(&self, limit: i64) -> String {
         let admitted: i64 = self.admitted.values().sum();
         format!(
-            "admitted {admitted} of reference {} over {} keys ({} requests): over-admission {:.2}% (worst key {:+}), {} approximate, {} errors, p99 {:?}",
+            "admitted {admitted} of reference {} over {} keys ({} requests): over-admission {:.2}% (worst key {:+}), {} approximate, {} errors, p99 {:?} from intended start",
             limit * self.offered.len() as i64,
             self.offered.len(),
             self.offered.values().sum::<i64>(),
@@ -174,6 +175,43 @@ impl Tally {
             self.errors,
             self.p99(),
         )
+    }
+}
+
+/// A fixed schedule for a caller that sends one call at a time: call `n`
+/// is intended to start at `start + n × period`.
+///
+/// Latency is timed from that intended start, not from when the call was
+/// actually sent (coordinated omission, as `sluice bench` measures it): a
+/// caller stuck in a slow call sends its next ones late, and timing them
+/// from when they went out would hide the stall — the calls that should
+/// have gone during it would never be timed. A slot already past is not
+/// skipped: the call goes at once and its latency includes how late it
+/// started. (Waiting uses tokio's timer, 1 ms resolution: a call on time
+/// may start up to about a millisecond after its slot, and that counts
+/// too, so the figures err high by at most that much.)
+pub struct Schedule {
+    start: Instant,
+    period: Duration,
+    n: u32,
+}
+
+impl Schedule {
+    pub fn new(period: Duration) -> Schedule {
+        Schedule {
+            start: Instant::now(),
+            period,
+            n: 0,
+        }
+    }
+
+    /// Wait for the next call's slot (at once if it has passed); its
+    /// intended start, to time the call from.
+    pub async fn next(&mut self) -> Instant {
+        let intended = self.start + self.period * self.n;
+        self.n += 1;
+        tokio::time::sleep_until(intended.into()).await;
+        intended
     }
 }
 
@@ -211,7 +249,9 @@ pub struct Load {
 
 impl Load {
     /// Start offering `name`/`keys` at `limit` per year, one round every
-    /// `pace`, to `targets` (label, channel).
+    /// `pace` (its calls spread evenly over it, on a [`Schedule`], so each
+    /// latency is timed from the call's intended start), to `targets`
+    /// (label, channel).
     pub fn start(
         name: &str,
         keys: Vec<String>,
@@ -233,6 +273,7 @@ impl Load {
                 rounds.clone(),
             );
             let name = name.to_string();
+            let mut schedule = Schedule::new(pace / keys.len().max(1) as u32);
             tokio::spawn(async move {
                 for round in 0usize.. {
                     if tally.lock().unwrap().min_offered() >= stop_at.load(Ordering::SeqCst) {
@@ -242,7 +283,7 @@ impl Load {
                     let round_targets = targets.lock().unwrap().clone();
                     for (i, k) in keys.iter().enumerate() {
                         let (via, channel) = &round_targets[(round + i) % round_targets.len()];
-                        let started = std::time::Instant::now();
+                        let intended = schedule.next().await;
                         let mut request = tonic::Request::new(pb::CheckRequest {
                             requests: vec![inline(&name, k, limit, YEAR_MS)],
                         });
@@ -253,10 +294,9 @@ impl Load {
                             .await
                             .map(|r| r.into_inner().responses.remove(0));
                         let mut t = tally.lock().unwrap();
-                        t.latencies.push(started.elapsed());
+                        t.latencies.push(intended.elapsed());
                         t.record(k, via, r);
                     }
-                    tokio::time::sleep(pace).await;
                 }
                 stopped.store(true, Ordering::SeqCst);
             })
