@@ -119,4 +119,3 @@ fn merged_copies_and_removals_are_counted() {
     assert_eq!(source.sweep(120 * S), 20);
     assert_eq!(source.memory_used(), 0);
 }
-
