@@ -17,6 +17,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::tls::{ApiTls, PeerTls};
 
+mod bytes;
+pub use bytes::{ByteSize, parse_bytes};
+
 /// Log output format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -61,6 +64,13 @@ pub struct Config {
 pub struct Limits {
     /// Keys in memory; beyond it, the key closest to fresh is evicted.
     pub max_keys: usize,
+    /// Bytes the keys in memory may hold (each key's entry, key, state and
+    /// queue slot: a sliding-log key holds up to 16 bytes per logged hit),
+    /// an integer or a string like "512MiB"; beyond it, keys are evicted as
+    /// at `max_keys`. Unset: half the container's memory limit (cgroup v2
+    /// `memory.max`, or v1 `memory.limit_in_bytes`) when one is set, else
+    /// 1 GiB. At least 1 MiB.
+    pub max_memory: Option<ByteSize>,
     /// Items in one check call: `requests` of a v1 `Check`, `descriptors`
     /// of an Envoy `ShouldRateLimit`.
     pub max_batch: usize,
@@ -342,6 +352,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_keys: 1_000_000,
+            max_memory: None,
             max_batch: 1_000,
             max_key_bytes: 1_024,
             max_message_bytes: 4 * 1024 * 1024,
@@ -355,6 +366,18 @@ impl Default for Limits {
         }
     }
 }
+
+impl Limits {
+    /// `max_memory` in bytes, or its default (see the field).
+    pub fn max_memory_bytes(&self) -> u64 {
+        self.max_memory
+            .map_or_else(bytes::default_max_memory, |b| b.0)
+    }
+}
+
+/// The smallest `limits.max_memory`: below it a single sliding-log key at
+/// its bound (10,000 entries, 256 KiB of queue) could not be held twice.
+pub const MIN_MAX_MEMORY: u64 = 1 << 20;
 
 /// How far a peer token's timestamp may be from this node's clock, unless
 /// configured (`cluster.token_window`).
@@ -437,6 +460,13 @@ impl Config {
             if v == 0 {
                 return Err(ConfigError(format!("{key}: must be greater than zero")));
             }
+        }
+        if let Some(ByteSize(n)) = l.max_memory
+            && n < MIN_MAX_MEMORY
+        {
+            return Err(ConfigError(format!(
+                "limits.max_memory: at least {MIN_MAX_MEMORY} bytes (1MiB), got {n}"
+            )));
         }
         if l.sweep_interval.is_zero() {
             return Err(ConfigError(
@@ -566,82 +596,4 @@ mod humantime_serde_compat {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn write(dir: &Path, body: &str) -> PathBuf {
-        let p = dir.join("sluice.toml");
-        std::fs::write(&p, body).unwrap();
-        p
-    }
-
-    fn tempdir() -> PathBuf {
-        let d = std::env::temp_dir().join(format!(
-            "sluice-config-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
-
-    #[test]
-    fn defaults_run_a_single_node() {
-        let c = Sources::default().load().unwrap();
-        assert_eq!(c.grpc_addr.port(), 8081);
-        assert_eq!(c.limits.max_batch, 1_000);
-        assert_eq!(c.limits.idle_connection_timeout, Duration::from_secs(300));
-        assert!(c.policies.is_empty());
-    }
-
-    #[test]
-    fn file_then_flags_override() {
-        let dir = tempdir();
-        let file = write(
-            &dir,
-            "grpc_addr = \"127.0.0.1:9000\"\n[limits]\nmax_keys = 5\n[policies.api]\nlimit = 10\nduration = \"1m\"\n",
-        );
-        let mut flags = BTreeMap::new();
-        flags.insert(
-            "grpc_addr".to_string(),
-            toml::Value::String("127.0.0.1:9001".into()),
-        );
-        let c = Sources {
-            file: Some(file),
-            flags,
-        }
-        .load()
-        .unwrap();
-        assert_eq!(c.grpc_addr.port(), 9001);
-        assert_eq!(c.limits.max_keys, 5);
-        assert_eq!(c.policies["api"].limit, 10);
-    }
-
-    #[test]
-    fn errors_name_the_key() {
-        let dir = tempdir();
-        let cases = [
-            ("[limits]\nmax_keys = \"many\"\n", "max_keys"),
-            ("[limits]\nmax_batch = 0\n", "limits.max_batch"),
-            (
-                "[limits]\nidle_connection_timeout = \"0s\"\n",
-                "limits.idle_connection_timeout",
-            ),
-            (
-                "[limits]\nidle_connection_timeout = \"soon\"\n",
-                "idle_connection_timeout",
-            ),
-            ("unknown_thing = 1\n", "unknown_thing"),
-        ];
-        for (body, key) in cases {
-            let file = write(&dir, body);
-            let err = Sources {
-                file: Some(file),
-                ..Default::default()
-            }
-            .load()
-            .unwrap_err();
-            assert!(err.0.contains(key), "{body:?}: {err}");
-        }
-    }
-}
+mod tests;

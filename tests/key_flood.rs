@@ -10,8 +10,15 @@
 //! intended start on a fixed 5 ms schedule, is printed: a benchmark figure
 //! (benches/README.md), not an assertion.
 //!
-//! Ignored by default (about a minute of both cores); CI runs it as its own
-//! stage: `cargo test --release --test key_flood -- --ignored --nocapture`.
+//! A second flood is of sliding-log keys, each logging 100 hits, against a
+//! node whose byte budget (`limits.max_memory`) is small: asserted, the
+//! bytes in memory stay within it, peak memory stays under the budget plus
+//! a stated allowance for the rest of the process, and the steady key is
+//! never shed or evicted.
+//!
+//! Ignored by default (about a minute of both cores each); CI runs them as
+//! their own stage:
+//! `cargo test --release --test key_flood -- --ignored --nocapture`.
 
 mod common;
 
@@ -81,36 +88,64 @@ async fn inspect(admin: &mut common::Admin, name: &str, key: &str) -> Option<pb:
     r.found.then_some(r.state?)
 }
 
-#[tokio::test(flavor = "multi_thread")]
-#[ignore = "10M keys, about a minute: CI runs it as its own stage"]
-async fn ten_million_keys_against_a_one_million_key_cap() {
+/// A node process under test, and where it listens.
+struct Node {
+    proc: Proc,
+    grpc: String,
+    http: String,
+    admin_addr: std::net::SocketAddr,
+    channel: Channel,
+}
+
+async fn connect(url: String) -> Result<Channel, tonic::transport::Error> {
+    Channel::from_shared(url).unwrap().connect().await
+}
+
+/// Start a node with `env` set (a bound under test), and connect to it.
+async fn start_node(env: &[(&str, String)]) -> Node {
     let grpc = format!("127.0.0.1:{}", free_port());
     let http = format!("127.0.0.1:{}", free_port());
     let admin_addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let node = Proc(
-        Command::new(BIN)
-            .args(["serve", "--grpc-addr", &grpc, "--http-addr", &http])
-            .env(
-                "SLUICE_CLUSTER__GOSSIP_ADDR",
-                format!("127.0.0.1:{}", free_port()),
-            )
-            .env("SLUICE_LIMITS__MAX_KEYS", CAP.to_string())
-            .env("SLUICE_ADMIN__ADDR", admin_addr.to_string())
-            .env("SLUICE_ADMIN__TOKEN", common::ADMIN_TOKEN)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("sluice starts"),
-    );
-    let pid = node.0.id();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["serve", "--grpc-addr", &grpc, "--http-addr", &http])
+        .env(
+            "SLUICE_CLUSTER__GOSSIP_ADDR",
+            format!("127.0.0.1:{}", free_port()),
+        )
+        .env("SLUICE_ADMIN__ADDR", admin_addr.to_string())
+        .env("SLUICE_ADMIN__TOKEN", common::ADMIN_TOKEN)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let proc = Proc(cmd.spawn().expect("sluice starts"));
     let url = format!("http://{grpc}");
-    let connect = |url: String| async move { Channel::from_shared(url).unwrap().connect().await };
     eventually("the node serves", Duration::from_secs(20), || {
         connect(url.clone()).map(|c| c.is_ok())
     })
     .await;
     let channel = connect(url).await.unwrap();
+    Node {
+        proc,
+        grpc,
+        http,
+        admin_addr,
+        channel,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "10M keys, about a minute: CI runs it as its own stage"]
+async fn ten_million_keys_against_a_one_million_key_cap() {
+    let node = start_node(&[("SLUICE_LIMITS__MAX_KEYS", CAP.to_string())]).await;
+    let (pid, channel, http, admin_addr) = (
+        node.proc.0.id(),
+        node.channel.clone(),
+        node.http.clone(),
+        node.admin_addr,
+    );
     let (baseline_kib, _) = memory_kib(pid);
 
     // The warm cohort: half of a 100/hour limit consumed each.
@@ -134,67 +169,7 @@ async fn ten_million_keys_against_a_one_million_key_cap() {
         assert!(out.responses.iter().all(under));
     }
 
-    // The steady caller, on its own connection: 10 hits of 200,000 a day
-    // every 5 ms, after a first 20,000 (so it is never close to fresh, and
-    // never near its limit within the test).
-    let steady_check = |hits: i64| {
-        let mut r = inline("steady", "s", STEADY_LIMIT, DAY_MS);
-        r.hits = Some(hits);
-        pb::CheckRequest { requests: vec![r] }
-    };
-    let done = Arc::new(AtomicBool::new(false));
-    // On its own thread and runtime, so what is measured is the node, not
-    // this process's scheduler busy building the flood's batches.
-    let (started_tx, started_rx) = std::sync::mpsc::channel();
-    let steady = {
-        let done = done.clone();
-        let url = format!("http://{grpc}");
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let mut client = RateLimiterClient::new(connect(url).await.unwrap());
-                let first = client.check(steady_check(STEADY_FIRST)).await.unwrap();
-                assert!(under(&first.get_ref().responses[0]));
-                let _ = started_tx.send(());
-                let (mut latencies, mut shed) = (Vec::new(), 0u64);
-                // One check every 5 ms on a fixed schedule, each timed from
-                // its *intended* start (start + n × 5 ms), as `sluice bench`
-                // does: a check that stalls delays the ones after it, and
-                // timing those from when they finally went out (or skipping
-                // the missed slots) would hide the stall — the checks that
-                // should have been sent during it would never be timed.
-                // Late slots are not skipped: their checks go at once, and
-                // their latency includes how late they started. std's sleep
-                // (microseconds; this thread has nothing else to run) keeps
-                // tokio's millisecond timer out of the figure.
-                let (schedule, period) = (Instant::now(), Duration::from_millis(5));
-                for n in 0u32.. {
-                    if done.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    let intended = schedule + period * n;
-                    if let Some(wait) = intended.checked_duration_since(Instant::now()) {
-                        std::thread::sleep(wait);
-                    }
-                    let r = client.check(steady_check(STEADY_HITS)).await;
-                    latencies.push(intended.elapsed());
-                    match r {
-                        Ok(r) if under(&r.get_ref().responses[0]) => {}
-                        _ => shed += 1,
-                    }
-                }
-                (latencies, shed)
-            })
-        })
-    };
-    // The steady key's first check lands before the flood starts.
-    tokio::task::spawn_blocking(move || started_rx.recv_timeout(Duration::from_secs(20)))
-        .await
-        .unwrap()
-        .expect("the steady caller started");
+    let steady = Steady::start(&node.grpc).await;
 
     // The flood: 10M distinct keys, 1% of a 100/hour limit each.
     let next = Arc::new(AtomicU64::new(0));
@@ -229,8 +204,7 @@ async fn ten_million_keys_against_a_one_million_key_cap() {
         c.await.unwrap();
     }
     let flood_secs = started.elapsed().as_secs_f64();
-    done.store(true, Ordering::Relaxed);
-    let (mut latencies, shed) = steady.join().unwrap();
+    let (mut latencies, shed) = steady.stop();
     let (peak_kib, rss_kib) = memory_kib(pid);
 
     let (_, metrics) = common::http_get(&format!("http://{http}/metrics")).await;
@@ -301,4 +275,200 @@ async fn ten_million_keys_against_a_one_million_key_cap() {
             .into_inner()
             .responses[0]
     ));
+}
+
+fn steady_check(hits: i64) -> pb::CheckRequest {
+    let mut r = inline("steady", "s", STEADY_LIMIT, DAY_MS);
+    r.hits = Some(hits);
+    pb::CheckRequest { requests: vec![r] }
+}
+
+/// The steady caller, on its own connection: 10 hits of 2,000,000 a day
+/// every 5 ms, after a first 200,000 (so it is never close to fresh, and
+/// never near its limit within the test). On its own thread and runtime,
+/// so what is measured is the node, not this process's scheduler busy
+/// building the flood's batches.
+struct Steady {
+    done: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<(Vec<Duration>, u64)>,
+}
+
+impl Steady {
+    /// Start it; returns once its first check has landed (before a flood).
+    async fn start(grpc: &str) -> Steady {
+        let done = Arc::new(AtomicBool::new(false));
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let thread = {
+            let done = done.clone();
+            let url = format!("http://{grpc}");
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async move {
+                    let mut client = RateLimiterClient::new(connect(url).await.unwrap());
+                    let first = client.check(steady_check(STEADY_FIRST)).await.unwrap();
+                    assert!(under(&first.get_ref().responses[0]));
+                    let _ = started_tx.send(());
+                    let (mut latencies, mut shed) = (Vec::new(), 0u64);
+                    // One check every 5 ms on a fixed schedule, each timed
+                    // from its *intended* start (start + n × 5 ms), as
+                    // `sluice bench` does: a check that stalls delays the
+                    // ones after it, and timing those from when they finally
+                    // went out (or skipping the missed slots) would hide the
+                    // stall — the checks that should have been sent during
+                    // it would never be timed. Late slots are not skipped:
+                    // their checks go at once, and their latency includes
+                    // how late they started. std's sleep (microseconds; this
+                    // thread has nothing else to run) keeps tokio's
+                    // millisecond timer out of the figure.
+                    let (schedule, period) = (Instant::now(), Duration::from_millis(5));
+                    for n in 0u32.. {
+                        if done.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        let intended = schedule + period * n;
+                        if let Some(wait) = intended.checked_duration_since(Instant::now()) {
+                            std::thread::sleep(wait);
+                        }
+                        let r = client.check(steady_check(STEADY_HITS)).await;
+                        latencies.push(intended.elapsed());
+                        match r {
+                            Ok(r) if under(&r.get_ref().responses[0]) => {}
+                            _ => shed += 1,
+                        }
+                    }
+                    (latencies, shed)
+                })
+            })
+        };
+        tokio::task::spawn_blocking(move || started_rx.recv_timeout(Duration::from_secs(20)))
+            .await
+            .unwrap()
+            .expect("the steady caller started");
+        Steady { done, thread }
+    }
+
+    /// Stop it: its latencies and how many of its checks were not admitted.
+    fn stop(self) -> (Vec<Duration>, u64) {
+        self.done.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
+/// Sliding-log flood keys: each logs `LOG_HITS` hits (one entry each, a
+/// 128-slot queue: ~2.4 KB with its entry) of a 10,000 limit — 1% used, so
+/// closer to fresh than the steady key (10%) and evicted first.
+const LOG_KEYS: u64 = 40_000;
+const LOG_HITS: u64 = 100;
+const LOG_LIMIT: i64 = 10_000;
+/// The byte budget: the 40,000 keys would need ~95 MB.
+const LOG_BUDGET_MIB: u64 = 4;
+/// Peak resident memory allowed beyond the budget: the process at start
+/// (~20-30 MiB), the hash table's spare slots, gRPC buffers for the
+/// callers' batches, and the allocator's slack.
+const LOG_ALLOWANCE_MIB: u64 = 64;
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "4M logged hits, under a minute in release: CI runs it as its own stage"]
+async fn sliding_log_flood_stays_within_the_memory_budget() {
+    let budget = LOG_BUDGET_MIB << 20;
+    let node = start_node(&[("SLUICE_LIMITS__MAX_MEMORY", format!("{LOG_BUDGET_MIB}MiB"))]).await;
+    let pid = node.proc.0.id();
+    let (baseline_kib, _) = memory_kib(pid);
+    let steady = Steady::start(&node.grpc).await;
+
+    // Each batch: 10 keys, 100 checks of one hit each (decided one after
+    // another, so each is its own log entry).
+    let keys_per_batch = BATCH / LOG_HITS;
+    let next = Arc::new(AtomicU64::new(0));
+    let refused = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut callers = Vec::new();
+    for _ in 0..CALLERS {
+        let (next, refused) = (next.clone(), refused.clone());
+        let mut client = RateLimiterClient::new(node.channel.clone());
+        callers.push(tokio::spawn(async move {
+            loop {
+                let first = next.fetch_add(keys_per_batch, Ordering::Relaxed);
+                if first >= LOG_KEYS {
+                    return;
+                }
+                let requests = (first..first + keys_per_batch)
+                    .flat_map(|i| {
+                        let mut r = inline("logflood", &format!("l{i}"), LOG_LIMIT, HOUR_MS);
+                        r.algorithm = pb::Algorithm::SlidingWindowLog as i32;
+                        std::iter::repeat_n(r, LOG_HITS as usize)
+                    })
+                    .collect();
+                match client.check(pb::CheckRequest { requests }).await {
+                    Ok(r) => {
+                        let bad = r.get_ref().responses.iter().filter(|r| !under(r)).count();
+                        refused.fetch_add(bad as u64, Ordering::Relaxed);
+                    }
+                    Err(_) => {
+                        refused.fetch_add(BATCH, Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+    for c in callers {
+        c.await.unwrap();
+    }
+    let flood_secs = started.elapsed().as_secs_f64();
+    let (latencies, shed) = steady.stop();
+    let (peak_kib, rss_kib) = memory_kib(pid);
+
+    let (_, metrics) = common::http_get(&format!("http://{}/metrics", node.http)).await;
+    let bytes = common::metric_sum(&metrics, "sluice_memory_bytes");
+    let keys = common::metric_sum(&metrics, "sluice_keys");
+    let for_memory = common::metric_sum(&metrics, "sluice_memory_evictions_total");
+    println!(
+        "sliding-log flood: {} hits on {LOG_KEYS} keys in {flood_secs:.1} s, budget {LOG_BUDGET_MIB} MiB: \
+         {bytes} bytes in {keys} keys, {for_memory} evicted for memory; memory peak {} MiB, \
+         now {} MiB (baseline {} MiB); steady key: {} checks, shed {shed}",
+        LOG_KEYS * LOG_HITS,
+        peak_kib / 1024,
+        rss_kib / 1024,
+        baseline_kib / 1024,
+        latencies.len(),
+    );
+    assert_eq!(
+        refused.load(Ordering::Relaxed),
+        0,
+        "every flood hit was admitted"
+    );
+    assert!(
+        bytes > 0.0 && bytes <= budget as f64,
+        "bytes in memory {bytes} within the budget {budget}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            "sluice_resource_limit{{resource=\"max_memory_bytes\"}} {budget}"
+        )),
+        "the budget is published"
+    );
+    // The flood needed ~24x the budget: most of its keys were evicted, and
+    // for bytes, not for the key count.
+    assert!(
+        for_memory >= (LOG_KEYS / 2) as f64,
+        "evicted for memory: {for_memory}"
+    );
+    assert!(
+        peak_kib / 1024 < LOG_BUDGET_MIB + LOG_ALLOWANCE_MIB,
+        "peak memory {} MiB within the budget {LOG_BUDGET_MIB} MiB + {LOG_ALLOWANCE_MIB} MiB",
+        peak_kib / 1024
+    );
+    assert_eq!(shed, 0, "the steady key was never shed or refused");
+    let mut admin = common::admin_client(node.admin_addr).await;
+    let steady_state = inspect(&mut admin, "steady", "s")
+        .await
+        .expect("the steady key was never evicted");
+    assert_eq!(
+        steady_state.hits,
+        (STEADY_FIRST + STEADY_HITS * latencies.len() as i64) as u64,
+        "the steady key kept every hit (an eviction would have restarted it)"
+    );
 }

@@ -201,6 +201,16 @@ macro_rules! dispatch {
 }
 
 impl State {
+    /// Bytes the state holds outside its own struct (the store's byte
+    /// budget counts them): only the sliding log's queue; every other
+    /// state is a few words inline.
+    pub fn heap_bytes(&self) -> usize {
+        match self {
+            State::SlidingWindowLog(log) => log.heap_bytes(),
+            _ => 0,
+        }
+    }
+
     /// A state with nothing consumed, for `spec`'s algorithm.
     pub fn fresh(spec: &Spec, now: Nanos) -> State {
         State::with_consumed(spec, 0, now)

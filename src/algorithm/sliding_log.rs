@@ -33,6 +33,9 @@ use std::collections::VecDeque;
 use super::arith::sat64;
 use super::{Arithmetic, Nanos, Spec};
 
+/// Queue capacity (entries) below which an emptied log keeps its allocation.
+const SHRINK_ABOVE: usize = 64;
+
 /// Sliding window log state.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SlidingLog {
@@ -68,6 +71,12 @@ impl SlidingLog {
         self.entries.iter().copied()
     }
 
+    /// Bytes the log holds outside its struct: the queue's whole
+    /// allocation (its capacity, not its length — what the allocator gave).
+    pub fn heap_bytes(&self) -> usize {
+        self.entries.capacity() * std::mem::size_of::<(Nanos, u64)>()
+    }
+
     fn prune(&mut self, spec: &Spec, t: Nanos) {
         let d = spec.duration();
         while let Some(&(ts, n)) = self.entries.front() {
@@ -76,6 +85,15 @@ impl SlidingLog {
             }
             self.entries.pop_front();
             self.total -= u128::from(n);
+        }
+        // A queue never gives memory back by itself: a key that once logged
+        // 10,000 hits would hold 160 KB while logging one. Halve it once it
+        // is a quarter full (amortised: a shrink follows at least as many
+        // pops as it frees slots), so the store's byte budget sees the log
+        // shrink as well as grow.
+        let cap = self.entries.capacity();
+        if cap > SHRINK_ABOVE && self.entries.len() < cap / 4 {
+            self.entries.shrink_to(cap / 2);
         }
     }
 

@@ -104,7 +104,10 @@ impl Node {
                 "no cluster secret: gossip and peer calls are not authenticated (set cluster.secret_file)"
             );
         }
-        let store = Arc::new(Store::new(config.limits.max_keys));
+        let store = Arc::new(Store::bounded(
+            config.limits.max_keys,
+            usize::try_from(config.limits.max_memory_bytes()).unwrap_or(usize::MAX),
+        ));
         let metrics = Arc::new(Metrics::new(
             Box::new(crate::store::StoreCollector(store.clone())),
             config.limits.max_metric_names,
@@ -600,6 +603,7 @@ fn bounds_of(config: &Config) -> Vec<(&'static str, u64)> {
     let n = |v: usize| v as u64;
     vec![
         ("max_keys", n(l.max_keys)),
+        ("max_memory_bytes", l.max_memory_bytes()),
         ("max_batch", n(l.max_batch)),
         ("max_key_bytes", n(l.max_key_bytes)),
         ("max_message_bytes", n(l.max_message_bytes)),

@@ -25,12 +25,26 @@ impl Collector for StoreCollector {
             None,
             keys.metric_type(),
         )?)?;
+        let memory = ConstGauge::new(i64::try_from(self.0.memory_used()).unwrap_or(i64::MAX));
+        memory.encode(encoder.encode_descriptor(
+            "sluice_memory_bytes",
+            "Bytes the keys in memory hold (their footprints; limits.max_memory bounds it)",
+            None,
+            memory.metric_type(),
+        )?)?;
         let evictions = ConstCounter::new(stats.evictions.load(Ordering::Relaxed));
         evictions.encode(encoder.encode_descriptor(
             "sluice_evictions",
-            "Keys evicted because the table was full",
+            "Keys evicted because the table was full (of keys or of bytes)",
             None,
             evictions.metric_type(),
+        )?)?;
+        let for_memory = ConstCounter::new(stats.memory_evictions.load(Ordering::Relaxed));
+        for_memory.encode(encoder.encode_descriptor(
+            "sluice_memory_evictions",
+            "Of sluice_evictions, those made to stay within limits.max_memory",
+            None,
+            for_memory.metric_type(),
         )?)?;
         let expired = ConstCounter::new(stats.expired.load(Ordering::Relaxed));
         expired.encode(encoder.encode_descriptor(

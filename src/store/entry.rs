@@ -88,7 +88,45 @@ pub struct View {
     pub last_seen: Nanos,
 }
 
+/// Bytes an `Arc<T>` of `len` payload bytes allocates: the strong and weak
+/// counts, then the payload, padded to the counts' alignment.
+const fn arc_bytes(len: usize) -> usize {
+    (2 * size_of::<usize>() + len).next_multiple_of(align_of::<usize>())
+}
+
+/// The bytes every entry holds in place, whatever its state: its slot in the
+/// hash table (key pointer and entry, plus hashbrown's one control byte per
+/// slot) and its slot in the eviction queue.
+pub const INLINE_BYTES: usize = size_of::<(Arc<[u8]>, Entry)>() + 1 + size_of::<Arc<[u8]>>();
+
 impl Entry {
+    /// The bytes this entry holds under a key of `key_len` bytes — what
+    /// `limits.max_memory` budgets. One function, so a change of the
+    /// entry's layout changes the budget with it:
+    ///
+    /// - [`INLINE_BYTES`]: the table slot and the eviction queue slot;
+    /// - the key's `Arc<[u8]>` allocation (one per key: the table, the
+    ///   eviction queue and the replication queue share it);
+    /// - the state's own allocation (the sliding log's queue, by capacity);
+    /// - the report slots: the `Vec`'s capacity, and each edge id's
+    ///   `Arc<str>` (counted here even when several keys share one edge's
+    ///   id: the budget errs high, never low).
+    ///
+    /// Not counted: the table's spare capacity (hashbrown grows by doubling
+    /// at 7/8 full, so between 1/7 and 9/7 of a slot more per key: for keys
+    /// with small states `max_keys` bounds it), and the replication queue
+    /// (one slot per changed key, only in a cluster, drained every
+    /// `replicate_interval`).
+    pub fn footprint(&self, key_len: usize) -> usize {
+        let reports = self.reports.capacity() * size_of::<(Arc<str>, u64)>()
+            + self
+                .reports
+                .iter()
+                .map(|(edge, _)| arc_bytes(edge.len()))
+                .sum::<usize>();
+        INLINE_BYTES + arc_bytes(key_len) + self.limited.state().heap_bytes() + reports
+    }
+
     pub fn new(spec: Spec, now: Nanos) -> Entry {
         Entry::from_limited(Limited::new(spec, now), now)
     }

@@ -1,4 +1,4 @@
-//! Eviction at `max_keys`: a clock-like hand over the keys in insertion
+//! Eviction at `max_keys` or `max_memory`: a clock-like hand over the keys in insertion
 //! order takes the key closest to fresh from a small sample — a key used
 //! since the hand last passed gets a second chance, and keys much fuller
 //! than recent victims are passed over (up to a bound), so a flood of
@@ -18,11 +18,25 @@ const SAMPLE: usize = 8;
 const MAX_PASS: usize = 4_096;
 
 impl Store {
-    /// Evict until there is room for one more key.
-    pub(super) fn make_room(&self, now: Nanos) {
-        while self.len() >= self.max_keys {
+    /// Evict until there is room for one more key, of `key_len` bytes.
+    pub(super) fn make_room(&self, now: Nanos, key_len: usize) {
+        self.make_room_for(now, super::entry::INLINE_BYTES + key_len);
+    }
+
+    /// Evict until there is room for one more key and `bytes` more bytes
+    /// (0: until the keys and bytes in memory are within their bounds).
+    pub(super) fn make_room_for(&self, now: Nanos, bytes: usize) {
+        let more_keys = usize::from(bytes > 0);
+        loop {
+            let for_keys = self.len() + more_keys > self.max_keys;
+            if !for_keys && !self.budget.over_with(bytes) {
+                return;
+            }
             if !self.evict_one(now) {
-                break;
+                return;
+            }
+            if !for_keys {
+                self.stats.memory_evictions.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
@@ -69,7 +83,8 @@ impl Store {
         drop(queue);
         self.typical_victim
             .store((typical * 7 + fullness) / 8, Ordering::Relaxed);
-        if self.map.remove(&victim).is_some() {
+        if let Some((k, e)) = self.map.remove(&victim) {
+            self.discharge(k.len(), &e);
             self.count.fetch_sub(1, Ordering::Relaxed);
             self.stats.evictions.fetch_add(1, Ordering::Relaxed);
         }

@@ -6,29 +6,33 @@
 //! key allocates nothing (the key is encoded into a per-thread buffer); only a
 //! new key allocates.
 //!
-//! Bounds: at most `max_keys` entries. Idle keys — whose state has returned
+//! Bounds: at most `max_keys` entries, holding at most `max_memory` bytes
+//! (`budget.rs`: each entry's footprint, kept as a running total). Idle keys — whose state has returned
 //! to fresh, so forgetting them loses nothing — are removed by [`Store::sweep`].
-//! When the table is full, a new key evicts one: the eviction hand walks the
+//! When the table is full (of keys or of bytes), a new key evicts one: the eviction hand walks the
 //! keys in insertion order (a CLOCK), gives a key used since its last pass a
 //! second chance, and among a sample of the others evicts the one closest to
 //! a fresh state — a key at 99% of a monthly quota is the last to go.
 
+mod budget;
 mod collector;
 mod entry;
 mod evict;
 pub mod key;
+mod replication;
 
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Instant;
 
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry as MapEntry;
 
 pub use collector::StoreCollector;
-pub use entry::{Entry, Snapshot, View};
+pub use entry::{Entry, INLINE_BYTES, Snapshot, View};
+use replication::ChangeQueue;
+pub use replication::Changed;
 
 use crate::algorithm::{Cost, Decision, Nanos, Spec};
 
@@ -108,7 +112,11 @@ pub enum TopBy {
 /// Counters the store keeps about itself.
 #[derive(Debug, Default)]
 pub struct StoreStats {
+    /// Keys evicted, for either bound.
     pub evictions: AtomicU64,
+    /// Of `evictions`, those made for the byte budget (the keys were
+    /// within `max_keys`).
+    pub memory_evictions: AtomicU64,
     pub expired: AtomicU64,
 }
 
@@ -127,6 +135,8 @@ pub struct Store {
     evict_queue: Mutex<VecDeque<Arc<[u8]>>>,
     count: AtomicUsize,
     max_keys: usize,
+    /// Bytes the entries hold, and `max_memory` (`budget.rs`).
+    budget: budget::Budget,
     stats: StoreStats,
     /// Keys changed since the replicator last took them, each once. Only
     /// filled while `replicating`, so an unreplicated store never grows it.
@@ -143,23 +153,28 @@ pub struct Store {
     typical_victim: AtomicU64,
 }
 
-/// Keys waiting for the replicator, each once, with when it changed.
-type ChangeQueue = std::collections::VecDeque<(Arc<[u8]>, Instant)>;
-
-/// What the replicator takes in one round.
-pub struct Changed {
-    pub states: Vec<(Arc<[u8]>, Snapshot)>,
-    /// When the oldest of them changed.
-    pub oldest: Option<Instant>,
-}
-
 impl Store {
+    /// A store bounded by keys only (an edge's views of keys, tests).
     pub fn new(max_keys: usize) -> Store {
+        Store::bounded(max_keys, usize::MAX)
+    }
+
+    /// A store of at most `max_keys` keys holding at most `max_memory`
+    /// bytes (see [`Entry::footprint`]).
+    pub fn bounded(max_keys: usize, max_memory: usize) -> Store {
+        Store::presized(max_keys, max_memory, 0)
+    }
+
+    /// [`Store::bounded`], with the table and eviction queue allocated for
+    /// `capacity` keys up front: no growth copies while it fills (and a
+    /// measure of what entries allocate sees only the entries).
+    pub fn presized(max_keys: usize, max_memory: usize, capacity: usize) -> Store {
         Store {
-            map: DashMap::with_hasher(Hasher::default()),
-            evict_queue: Mutex::new(VecDeque::new()),
+            map: DashMap::with_capacity_and_hasher(capacity, Hasher::default()),
+            evict_queue: Mutex::new(VecDeque::with_capacity(capacity)),
             count: AtomicUsize::new(0),
             max_keys: max_keys.max(1),
+            budget: budget::Budget::new(max_memory),
             stats: StoreStats::default(),
             changed: Mutex::new(std::collections::VecDeque::new()),
             fence: AtomicU64::new(0),
@@ -241,11 +256,13 @@ impl Store {
     ) -> Result<Decision, Stale> {
         if let Some(mut e) = self.map.get_mut(key) {
             self.fenced(fence)?;
-            let decision = e.decide(spec, req, now);
+            let (decision, grew) = self.metered(key.len(), &mut e, |e| e.decide(spec, req, now));
             if req.hits > 0 {
                 let (k, v) = e.pair_mut();
                 self.changed(k, v);
             }
+            drop(e);
+            self.after_growth(grew, now);
             return Ok(decision);
         }
         let fresh = |spec: &Spec| match seed {
@@ -256,28 +273,38 @@ impl Store {
             self.fenced(fence)?;
             return Ok(fresh(spec).decide(spec, req, now));
         }
-        self.make_room(now);
+        self.make_room(now, key.len());
         let key: Arc<[u8]> = Arc::from(key);
-        let decision = match self.map.entry(key.clone()) {
+        let (decision, created, grew) = match self.map.entry(key.clone()) {
             MapEntry::Occupied(mut o) => {
                 self.fenced(fence)?;
                 let e = o.get_mut();
-                let decision = e.decide(spec, req, now);
+                let (decision, grew) = self.metered(key.len(), e, |e| e.decide(spec, req, now));
                 self.changed(&key, e);
-                return Ok(decision);
+                (decision, false, grew)
             }
             MapEntry::Vacant(v) => {
                 self.fenced(fence)?;
                 let mut e = fresh(spec);
                 let decision = e.decide(spec, req, now);
                 self.changed(&key, &mut e);
+                self.charge(key.len(), &e);
                 v.insert(e);
-                decision
+                (decision, true, true)
             }
         };
+        if created {
+            self.inserted(key);
+        }
+        self.after_growth(grew, now);
+        Ok(decision)
+    }
+
+    /// A key was added to the table: count it and queue it for the
+    /// eviction hand.
+    fn inserted(&self, key: Arc<[u8]>) {
         self.count.fetch_add(1, Ordering::Relaxed);
         self.evict_queue().push_back(key);
-        Ok(decision)
     }
 
     /// Run `f` on the key's entry, creating it with `create` if missing.
@@ -289,23 +316,30 @@ impl Store {
         f: impl FnOnce(&mut Entry) -> R,
     ) -> R {
         if let Some(mut e) = self.map.get_mut(key) {
-            return f(&mut e);
+            let (r, grew) = self.metered(key.len(), &mut e, f);
+            drop(e);
+            self.after_growth(grew, now);
+            return r;
         }
-        self.make_room(now);
+        self.make_room(now, key.len());
         let key: Arc<[u8]> = Arc::from(key);
-        let (r, created) = match self.map.entry(key.clone()) {
-            MapEntry::Occupied(mut o) => (f(o.get_mut()), false),
+        let (r, created, grew) = match self.map.entry(key.clone()) {
+            MapEntry::Occupied(mut o) => {
+                let (r, grew) = self.metered(key.len(), o.get_mut(), f);
+                (r, false, grew)
+            }
             MapEntry::Vacant(v) => {
                 let mut e = create();
                 let r = f(&mut e);
+                self.charge(key.len(), &e);
                 v.insert(e);
-                (r, true)
+                (r, true, true)
             }
         };
         if created {
-            self.count.fetch_add(1, Ordering::Relaxed);
-            self.evict_queue().push_back(key);
+            self.inserted(key);
         }
+        self.after_growth(grew, now);
         r
     }
 
@@ -347,36 +381,41 @@ impl Store {
         };
         if let Some(mut e) = self.map.get_mut(key) {
             self.fenced(fence)?;
-            let absorbed = apply(&mut e);
+            let (absorbed, grew) = self.metered(key.len(), &mut e, apply);
             if absorbed == Absorbed::Applied {
                 let (k, v) = e.pair_mut();
                 self.changed(k, v);
             }
+            drop(e);
+            self.after_growth(grew, report.at);
             return Ok(absorbed);
         }
-        self.make_room(report.at);
+        self.make_room(report.at, key.len());
         let key: Arc<[u8]> = Arc::from(key);
-        let absorbed = match self.map.entry(key.clone()) {
+        let (absorbed, created, grew) = match self.map.entry(key.clone()) {
             MapEntry::Occupied(mut o) => {
                 self.fenced(fence)?;
                 let e = o.get_mut();
-                let absorbed = apply(e);
+                let (absorbed, grew) = self.metered(key.len(), e, apply);
                 if absorbed == Absorbed::Applied {
                     self.changed(&key, e);
                 }
-                return Ok(absorbed);
+                (absorbed, false, grew)
             }
             MapEntry::Vacant(v) => {
                 self.fenced(fence)?;
                 let mut e = Entry::new(*spec, report.at);
                 let absorbed = apply(&mut e);
                 self.changed(&key, &mut e);
+                self.charge(key.len(), &e);
                 v.insert(e);
-                absorbed
+                (absorbed, true, true)
             }
         };
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.evict_queue().push_back(key);
+        if created {
+            self.inserted(key);
+        }
+        self.after_growth(grew, report.at);
         Ok(absorbed)
     }
 
@@ -387,7 +426,8 @@ impl Store {
 
     /// Forget a key (an edge's view of it, after an admin reset).
     pub fn remove(&self, key: &[u8]) {
-        if self.map.remove(key).is_some() {
+        if let Some((k, e)) = self.map.remove(key) {
+            self.discharge(k.len(), &e);
             self.count.fetch_sub(1, Ordering::Relaxed);
         }
     }
@@ -423,23 +463,25 @@ impl Store {
     ) {
         let owned = || holding == Holding::Owned && self.fenced(fence).is_ok();
         if let Some(mut e) = self.map.get_mut(key) {
-            e.merge(snapshot, now);
+            let ((), grew) = self.metered(key.len(), &mut e, |e| e.merge(snapshot, now));
             if owned() {
                 let (k, v) = e.pair_mut();
                 self.changed(k, v);
             }
+            drop(e);
+            self.after_growth(grew, now);
             return;
         }
-        self.make_room(now);
+        self.make_room(now, key.len());
         let key: Arc<[u8]> = Arc::from(key);
-        match self.map.entry(key.clone()) {
+        let (created, grew) = match self.map.entry(key.clone()) {
             MapEntry::Occupied(mut o) => {
                 let e = o.get_mut();
-                e.merge(snapshot, now);
+                let ((), grew) = self.metered(key.len(), e, |e| e.merge(snapshot, now));
                 if owned() {
                     self.changed(&key, e);
                 }
-                return;
+                (false, grew)
             }
             MapEntry::Vacant(v) => {
                 let mut e = Entry::from_snapshot(snapshot, now);
@@ -448,11 +490,15 @@ impl Store {
                 } else {
                     e.mark_copy();
                 }
+                self.charge(key.len(), &e);
                 v.insert(e);
+                (true, true)
             }
+        };
+        if created {
+            self.inserted(key);
         }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.evict_queue().push_back(key);
+        self.after_growth(grew, now);
     }
 
     /// Count `hits` promised away as consumed (tiered promises folded in
@@ -460,9 +506,11 @@ impl Store {
     /// a fold is not a report that could be retried.
     pub fn fold(&self, key: &[u8], hits: u64, now: Nanos) {
         if let Some(mut e) = self.map.get_mut(key) {
-            e.fold(hits, now);
+            let ((), grew) = self.metered(key.len(), &mut e, |e| e.fold(hits, now));
             let (k, v) = e.pair_mut();
             self.changed_at(k, v, None);
+            drop(e);
+            self.after_growth(grew, now);
         }
     }
 
@@ -498,79 +546,6 @@ impl Store {
         keys
     }
 
-    /// Record changes from now on for the replicator (a cluster of two or
-    /// more); off, nothing is queued.
-    pub fn set_replicating(&self, on: bool) {
-        self.replicating.store(on, Ordering::Relaxed);
-    }
-
-    /// This node changed the key as its owner (a decision, a report, a
-    /// reset, a merge it owns): the count here is no longer a copy.
-    fn changed(&self, key: &Arc<[u8]>, e: &mut Entry) {
-        e.counted_here();
-        self.changed_at(key, e, None)
-    }
-
-    /// Queue `key` once, stamped `at` (default: now, read only if queued).
-    fn changed_at(&self, key: &Arc<[u8]>, e: &mut Entry, at: Option<Instant>) {
-        if self.replicating.load(Ordering::Relaxed) && e.enqueue() {
-            let at = at.unwrap_or_else(Instant::now);
-            self.changed_lock().push_back((key.clone(), at));
-        }
-    }
-
-    fn changed_lock(&self) -> std::sync::MutexGuard<'_, ChangeQueue> {
-        self.changed.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Keys changed since last asked, with their snapshots, at most `max`
-    /// (the rest stay queued), and when the oldest of them changed: the
-    /// replicator's work list.
-    pub fn take_changed(&self, max: usize) -> Changed {
-        let (keys, oldest): (Vec<Arc<[u8]>>, Option<Instant>) = {
-            let mut changed = self.changed_lock();
-            let n = changed.len().min(max);
-            let oldest = changed.front().map(|(_, at)| *at);
-            (changed.drain(..n).map(|(k, _)| k).collect(), oldest)
-        };
-        let taken = keys
-            .into_iter()
-            .filter_map(|k| {
-                let mut e = self.map.get_mut(&k)?;
-                e.dequeue();
-                let snap = e.snapshot();
-                drop(e);
-                Some((k, snap))
-            })
-            .collect();
-        Changed {
-            states: taken,
-            oldest,
-        }
-    }
-
-    /// When the oldest change still waiting for the replicator was made.
-    pub fn oldest_changed(&self) -> Option<Instant> {
-        self.changed_lock().front().map(|(_, at)| *at)
-    }
-
-    /// Queue keys again (their replica holder did not confirm).
-    /// `since`: when their oldest change was made, so the lag keeps counting
-    /// from there rather than from the retry.
-    pub fn requeue(&self, keys: impl IntoIterator<Item = Arc<[u8]>>, since: Instant) {
-        for k in keys {
-            if let Some(mut e) = self.map.get_mut(&k) {
-                let (k, v) = e.pair_mut();
-                self.changed_at(k, v, Some(since));
-            }
-        }
-    }
-
-    /// Keys waiting for the replicator.
-    pub fn changed_len(&self) -> usize {
-        self.changed_lock().len()
-    }
-
     pub fn contains(&self, key: &[u8]) -> bool {
         self.map.contains_key(key)
     }
@@ -582,7 +557,7 @@ impl Store {
         match self.map.get_mut(key) {
             Some(mut e) => {
                 self.fenced(fence)?;
-                e.reset(now);
+                self.metered(key.len(), &mut e, |e| e.reset(now));
                 let (k, v) = e.pair_mut();
                 self.changed(k, v);
                 Ok(true)
@@ -625,9 +600,12 @@ impl Store {
     /// Remove every key whose state is back to fresh. Returns how many.
     pub fn sweep(&self, now: Nanos) -> usize {
         let mut removed = 0;
-        self.map.retain(|_, e| {
+        self.map.retain(|k, e| {
             let keep = e.idle_after() > now;
-            removed += usize::from(!keep);
+            if !keep {
+                removed += 1;
+                self.discharge(k.len(), e);
+            }
             keep
         });
         self.count.fetch_sub(removed, Ordering::Relaxed);

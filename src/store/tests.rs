@@ -322,10 +322,18 @@ fn the_store_reports_its_own_series() {
     use prometheus_client::registry::Registry;
     let store = std::sync::Arc::new(Store::new(10));
     store.decide(&key::encode("n", "a"), &spec(10), Cost::hits(1), 0);
+    let store_bytes = store.memory_used();
+    assert_eq!(store_bytes, store.recount_memory());
+    assert!(store_bytes > std::mem::size_of::<Entry>(), "{store_bytes}");
     let mut registry = Registry::default();
     registry.register_collector(Box::new(crate::store::StoreCollector(store)));
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
     assert!(text.contains("sluice_keys 1"), "{text}");
     assert!(text.contains("sluice_evictions_total 0"), "{text}");
+    assert!(text.contains("sluice_memory_evictions_total 0"), "{text}");
+    assert!(
+        text.contains(&format!("sluice_memory_bytes {}", store_bytes)),
+        "{text}"
+    );
 }

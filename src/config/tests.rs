@@ -1,0 +1,100 @@
+//! The config loader's tests.
+use super::*;
+
+fn write(dir: &Path, body: &str) -> PathBuf {
+    let p = dir.join("sluice.toml");
+    std::fs::write(&p, body).unwrap();
+    p
+}
+
+fn tempdir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "sluice-config-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn defaults_run_a_single_node() {
+    let c = Sources::default().load().unwrap();
+    assert_eq!(c.grpc_addr.port(), 8081);
+    assert_eq!(c.limits.max_batch, 1_000);
+    assert_eq!(c.limits.idle_connection_timeout, Duration::from_secs(300));
+    assert!(c.policies.is_empty());
+}
+
+#[test]
+fn file_then_flags_override() {
+    let dir = tempdir();
+    let file = write(
+        &dir,
+        "grpc_addr = \"127.0.0.1:9000\"\n[limits]\nmax_keys = 5\n[policies.api]\nlimit = 10\nduration = \"1m\"\n",
+    );
+    let mut flags = BTreeMap::new();
+    flags.insert(
+        "grpc_addr".to_string(),
+        toml::Value::String("127.0.0.1:9001".into()),
+    );
+    let c = Sources {
+        file: Some(file),
+        flags,
+    }
+    .load()
+    .unwrap();
+    assert_eq!(c.grpc_addr.port(), 9001);
+    assert_eq!(c.limits.max_keys, 5);
+    assert_eq!(c.policies["api"].limit, 10);
+}
+
+#[test]
+fn max_memory_takes_bytes_or_a_size_with_a_unit() {
+    let c = Sources::from_toml_str("[limits]\nmax_memory = \"512MiB\"\n").unwrap();
+    assert_eq!(c.limits.max_memory, Some(ByteSize(512 << 20)));
+    assert_eq!(c.limits.max_memory_bytes(), 512 << 20);
+    let c = Sources::from_toml_str("[limits]\nmax_memory = 2097152\n").unwrap();
+    assert_eq!(c.limits.max_memory_bytes(), 2 << 20);
+    let unset = Sources::from_toml_str("").unwrap();
+    assert_eq!(unset.limits.max_memory, None);
+    assert!(unset.limits.max_memory_bytes() >= MIN_MAX_MEMORY);
+    for bad in [
+        "max_memory = \"lots\"",
+        "max_memory = \"1.5GiB\"",
+        "max_memory = -1",
+        "max_memory = 1000",
+        "max_memory = \"12 parsecs\"",
+    ] {
+        let err = Sources::from_toml_str(&format!("[limits]\n{bad}\n")).unwrap_err();
+        assert!(err.0.contains("limits.max_memory"), "{bad}: {err}");
+    }
+}
+
+#[test]
+fn errors_name_the_key() {
+    let dir = tempdir();
+    let cases = [
+        ("[limits]\nmax_keys = \"many\"\n", "max_keys"),
+        ("[limits]\nmax_batch = 0\n", "limits.max_batch"),
+        (
+            "[limits]\nidle_connection_timeout = \"0s\"\n",
+            "limits.idle_connection_timeout",
+        ),
+        (
+            "[limits]\nidle_connection_timeout = \"soon\"\n",
+            "idle_connection_timeout",
+        ),
+        ("unknown_thing = 1\n", "unknown_thing"),
+    ];
+    for (body, key) in cases {
+        let file = write(&dir, body);
+        let err = Sources {
+            file: Some(file),
+            ..Default::default()
+        }
+        .load()
+        .unwrap_err();
+        assert!(err.0.contains(key), "{body:?}: {err}");
+    }
+}

@@ -1,0 +1,93 @@
+//! The replication queue: keys this node changed as their owner, each
+//! once, waiting for the replicator to send them to their successor.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::{Entry, Snapshot, Store};
+
+/// Keys waiting for the replicator, each once, with when it changed.
+pub(super) type ChangeQueue = std::collections::VecDeque<(Arc<[u8]>, Instant)>;
+
+/// What the replicator takes in one round.
+pub struct Changed {
+    pub states: Vec<(Arc<[u8]>, Snapshot)>,
+    /// When the oldest of them changed.
+    pub oldest: Option<Instant>,
+}
+
+impl Store {
+    /// Record changes from now on for the replicator (a cluster of two or
+    /// more); off, nothing is queued.
+    pub fn set_replicating(&self, on: bool) {
+        self.replicating.store(on, Ordering::Relaxed);
+    }
+
+    /// This node changed the key as its owner (a decision, a report, a
+    /// reset, a merge it owns): the count here is no longer a copy.
+    pub(super) fn changed(&self, key: &Arc<[u8]>, e: &mut Entry) {
+        e.counted_here();
+        self.changed_at(key, e, None)
+    }
+
+    /// Queue `key` once, stamped `at` (default: now, read only if queued).
+    pub(super) fn changed_at(&self, key: &Arc<[u8]>, e: &mut Entry, at: Option<Instant>) {
+        if self.replicating.load(Ordering::Relaxed) && e.enqueue() {
+            let at = at.unwrap_or_else(Instant::now);
+            self.changed_lock().push_back((key.clone(), at));
+        }
+    }
+
+    fn changed_lock(&self) -> std::sync::MutexGuard<'_, ChangeQueue> {
+        self.changed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keys changed since last asked, with their snapshots, at most `max`
+    /// (the rest stay queued), and when the oldest of them changed: the
+    /// replicator's work list.
+    pub fn take_changed(&self, max: usize) -> Changed {
+        let (keys, oldest): (Vec<Arc<[u8]>>, Option<Instant>) = {
+            let mut changed = self.changed_lock();
+            let n = changed.len().min(max);
+            let oldest = changed.front().map(|(_, at)| *at);
+            (changed.drain(..n).map(|(k, _)| k).collect(), oldest)
+        };
+        let taken = keys
+            .into_iter()
+            .filter_map(|k| {
+                let mut e = self.map.get_mut(&k)?;
+                e.dequeue();
+                let snap = e.snapshot();
+                drop(e);
+                Some((k, snap))
+            })
+            .collect();
+        Changed {
+            states: taken,
+            oldest,
+        }
+    }
+
+    /// When the oldest change still waiting for the replicator was made.
+    pub fn oldest_changed(&self) -> Option<Instant> {
+        self.changed_lock().front().map(|(_, at)| *at)
+    }
+
+    /// Queue keys again (their replica holder did not confirm).
+    /// `since`: when their oldest change was made, so the lag keeps counting
+    /// from there rather than from the retry.
+    pub fn requeue(&self, keys: impl IntoIterator<Item = Arc<[u8]>>, since: Instant) {
+        for k in keys {
+            if let Some(mut e) = self.map.get_mut(&k) {
+                let (k, v) = e.pair_mut();
+                self.changed_at(k, v, Some(since));
+            }
+        }
+    }
+
+    /// Keys waiting for the replicator.
+    pub fn changed_len(&self) -> usize {
+        self.changed_lock().len()
+    }
+}

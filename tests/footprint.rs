@@ -1,0 +1,169 @@
+//! `Entry::footprint` against what the allocator really hands out.
+//!
+//! A counting global allocator (bytes allocated minus bytes freed, by the
+//! layouts the program asks for) measures what inserting keys into a
+//! `Store` costs, and the store's running total of footprints must be
+//! within 10% of it — for every algorithm, for sliding logs with many
+//! entries, and for keys with lease-report slots.
+//!
+//! What is excluded, and why: the hash table's slots. The table allocates
+//! them in bulk, with spare capacity (it doubles at 7/8 full), so per key it
+//! is not a measurable allocation. The per-key measure is therefore taken on
+//! a store pre-sized for the keys (`Store::presized`: the table and the
+//! eviction queue allocate nothing while it fills) and compared with the
+//! footprints less `INLINE_BYTES` (the slot and queue slot, `size_of`
+//! figures). The sliding-log case is also measured whole — table growth
+//! included — where the logs dominate and the table's slack is within the
+//! tolerance. The global allocator counts the whole binary, so this file
+//! holds one test (no other test allocates meanwhile).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+
+use sluice::algorithm::{Algorithm, Cost, Period, Spec};
+use sluice::store::{INLINE_BYTES, Report, Store, key};
+
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: every call is passed to `System` unchanged; only a counter is
+// updated besides.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            LIVE.fetch_add(
+                new_size as isize - layout.size() as isize,
+                Ordering::Relaxed,
+            );
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+const S: u64 = 1_000_000_000;
+const KEYS: usize = 2_000;
+
+fn spec(algorithm: Algorithm, limit: u64) -> Spec {
+    Spec::new(algorithm, limit, Period::Duration(60 * S), None).unwrap()
+}
+
+/// Bytes allocated while `f` runs.
+fn growth(f: impl FnOnce()) -> isize {
+    let before = LIVE.load(Ordering::SeqCst);
+    f();
+    LIVE.load(Ordering::SeqCst) - before
+}
+
+fn assert_within_10pct(what: &str, footprints: usize, measured: isize) {
+    let (f, m) = (footprints as f64, measured as f64);
+    println!("{what}: footprints {footprints} B, measured {measured} B");
+    assert!(
+        (f - m).abs() <= 0.10 * m,
+        "{what}: footprints {footprints} B vs measured {measured} B"
+    );
+}
+
+/// `KEYS` keys, each given `hits` decisions one nanosecond apart (and
+/// reports from `edges` edges), into a pre-sized store: the heap bytes
+/// measured against the footprints less their inline part.
+fn per_key_heap(what: &str, spec: Spec, hits: u64, edges: &[&str]) {
+    let store = Store::presized(usize::MAX, usize::MAX, 2 * KEYS);
+    // Encoded before measuring: the caller's key buffers are not the store's.
+    let keys: Vec<Vec<u8>> = (0..KEYS)
+        .map(|i| key::encode(what, &format!("key-{i:06}")))
+        .collect();
+    let measured = growth(|| {
+        for k in &keys {
+            for t in 1..=hits {
+                assert!(store.decide(k, &spec, Cost::hits(1), t).allowed());
+            }
+            for (seq, &edge) in edges.iter().enumerate() {
+                let report = Report {
+                    edge,
+                    seq: seq as u64 + 1,
+                    hits: 1,
+                    at: hits + 1,
+                    reset_gen: None,
+                };
+                store.absorb_report(k, &spec, &report, None).unwrap();
+            }
+        }
+    });
+    assert_eq!(store.len(), KEYS);
+    assert_eq!(store.memory_used(), store.recount_memory());
+    let heap = store.memory_used() - KEYS * INLINE_BYTES;
+    assert_within_10pct(what, heap, measured);
+}
+
+#[test]
+fn footprints_match_what_the_allocator_hands_out() {
+    for algorithm in [
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::LeakyBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::SlidingWindowLog,
+    ] {
+        per_key_heap(&format!("{algorithm:?}"), spec(algorithm, 100), 3, &[]);
+    }
+    // Logs of 1,000 entries (a 1,024-slot queue each).
+    per_key_heap(
+        "log-1000",
+        spec(Algorithm::SlidingWindowLog, 5_000),
+        1_000,
+        &[],
+    );
+    // Report slots: a Vec of (edge id, seq) and an `Arc<str>` per edge.
+    per_key_heap(
+        "reports",
+        spec(Algorithm::TokenBucket, 100),
+        1,
+        &["edge-node-a", "edge-node-b", "edge-node-c"],
+    );
+
+    // Whole, table and queue growth included: 300 logs of 2,000 entries.
+    let keys: Vec<Vec<u8>> = (0..300)
+        .map(|i| key::encode("whole", &format!("key-{i:06}")))
+        .collect();
+    let log = spec(Algorithm::SlidingWindowLog, 5_000);
+    let mut store = None;
+    let measured = growth(|| {
+        let s = Store::bounded(usize::MAX, usize::MAX);
+        for k in &keys {
+            for t in 1..=2_000 {
+                s.decide(k, &log, Cost::hits(1), t);
+            }
+        }
+        store = Some(s);
+    });
+    let store = store.unwrap();
+    assert_eq!(store.memory_used(), store.recount_memory());
+    assert_within_10pct("whole store of logs", store.memory_used(), measured);
+}
