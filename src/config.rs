@@ -529,9 +529,9 @@ impl Config {
             }
         }
         let secret = c.secret_bytes()?;
-        if !c.seeds.is_empty() && secret.is_none() && c.tls.is_none() {
+        if !c.seeds.is_empty() && secret.is_none() {
             return Err(ConfigError(
-                "cluster.secret: required with cluster.seeds (or cluster.tls): without it the peer API, which can reset and spend any key, would answer anyone who reaches the port".into(),
+                "cluster.secret: required with cluster.seeds: without it anyone who reaches the gossip port could join the ring, and the peer API (which can reset and spend any key) would answer anyone who reaches it".into(),
             ));
         }
         if let Some(token) = &self.admin.token

@@ -294,6 +294,14 @@ impl Socket for AuthSocket {
             if self.faults.gossip_cut(&from) {
                 continue;
             }
+            if !self.secret.is_set() {
+                // A node with no secret is alone (the config refuses seeds
+                // without one): any datagram is an outsider's, and taking
+                // it would let anyone announce a member the ring sends
+                // keys to.
+                tracing::debug!(%from, "gossip datagram to a node with no secret; dropped");
+                continue;
+            }
             let Some(mut body) = self.secret.open(&self.buf[..n]) else {
                 tracing::warn!(%from, "gossip datagram without a valid MAC; dropped");
                 continue;

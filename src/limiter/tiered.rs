@@ -335,13 +335,18 @@ impl Limiter {
         // with nothing reserved here and nothing granted.
         let room = ledgers.open(k, now);
         tiers.ledger_count.store(ledgers.len(), Ordering::Relaxed);
-        if let Some(ask) = ask {
-            ledgers.give_back(k, &ask.edge, ask.unused);
-        }
         // An ask sent before the edge heard "nothing": refused, as the edge
         // itself refuses meanwhile.
         let waiting = ask.is_some_and(|a| ledgers.waiting(k, &a.edge, now));
-        let reserved = ledgers.reserved_of(k, now);
+        // The edge's unspent tokens come back with its ask — counted here,
+        // applied only once the decision is made: a decision that meets a
+        // stale ring is retried with the same ask, and giving back before
+        // it would give the same tokens back twice (reserved would then
+        // undercount what the edge still holds: over-admission).
+        let reserved = match ask {
+            Some(a) => ledgers.reserved_of_after(k, &a.edge, a.unused, now),
+            None => ledgers.reserved_of(k, now),
+        };
         let peek = Cost {
             hits: 0,
             drain_over_limit: false,
@@ -362,6 +367,9 @@ impl Limiter {
             } else {
                 self.decide_unreserved(k, spec, req, t, now)?
             };
+        if let Some(ask) = ask {
+            ledgers.give_back(k, &ask.edge, ask.unused);
+        }
         let grant = match ask {
             Some(ask) if room && !waiting => ledgers
                 .grant(

@@ -156,6 +156,12 @@ impl Node {
             .local_addr()
             .map_err(bind_error("admin gRPC", config.admin.addr))?;
         let admin_token = AdminToken::load(&config.admin)?;
+        if !admin_addr.ip().is_loopback() {
+            tracing::warn!(
+                %admin_addr,
+                "the admin API listens beyond loopback in plaintext: its token crosses the network in clear; keep admin.addr on loopback or a private network"
+            );
+        }
         let peer_listener = match cluster.peer_addr {
             Some(addr) => Some(
                 TcpListener::bind(addr)

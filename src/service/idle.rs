@@ -35,14 +35,18 @@ use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 /// each ping's ack (hyper's own default), however long the idle timeout.
 const PING_EVERY_AT_MOST: Duration = Duration::from_secs(60);
 const PING_ACK_AT_MOST: Duration = Duration::from_secs(20);
+/// At least this long for an ack: a short idle timeout must not turn a
+/// pause of the peer (a GC, a busy core) into a dropped connection with
+/// calls in progress — failed forwards, open breakers.
+const PING_ACK_AT_LEAST: Duration = Duration::from_secs(1);
 
 /// The HTTP/2 keepalive `(interval, timeout)` for an idle timeout: a ping
 /// every quarter of it (at most a minute), each answered within the
-/// interval (at most 20 s) — so a dead peer's connection with a call in
+/// interval (at least 1 s, at most 20 s) — so a dead peer's connection with a call in
 /// progress is closed in well under the idle timeout.
 pub fn keepalive(idle_timeout: Duration) -> (Duration, Duration) {
     let every = (idle_timeout / 4).min(PING_EVERY_AT_MOST);
-    (every, every.min(PING_ACK_AT_MOST))
+    (every, every.clamp(PING_ACK_AT_LEAST, PING_ACK_AT_MOST))
 }
 
 /// Calls in progress on one connection, and since when it has had none.
@@ -238,7 +242,11 @@ mod tests {
         assert_eq!(keepalive(s(300)), (s(60), s(20)));
         assert_eq!(keepalive(s(60)), (s(15), s(15)));
         let ms = Duration::from_millis;
-        assert_eq!(keepalive(ms(200)), (ms(50), ms(50)));
+        assert_eq!(
+            keepalive(ms(200)),
+            (ms(50), s(1)),
+            "an ack gets 1 s at least"
+        );
     }
 
     /// A request's call is counted from its start to the end of its

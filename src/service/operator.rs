@@ -58,7 +58,10 @@ impl AdminToken {
             why,
         };
         let token = match std::fs::read(path) {
-            Ok(bytes) => bytes,
+            Ok(bytes) => {
+                check_private(path).map_err(error)?;
+                bytes
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 generate(path).map_err(|e| error(format!("cannot write a new token: {e}")))?
             }
@@ -94,28 +97,60 @@ impl AdminToken {
 /// so the file is never seen half-written and the winner's token is the
 /// one both use.
 fn generate(path: &Path) -> std::io::Result<Vec<u8>> {
-    let mut random = [0u8; 32];
+    let mut random = [0u8; 48];
     getrandom::getrandom(&mut random).map_err(|e| std::io::Error::other(e.to_string()))?;
-    let token: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let token = hex(&random[..32]);
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    let written = (|| {
-        let mut file = private_file(&tmp)?;
-        file.write_all(format!("{token}\n").as_bytes())?;
-        file.sync_all()?;
-        std::fs::hard_link(&tmp, path)
-    })();
+    // A random name, not the pid: in a container the pid is always 1, and
+    // a file left by a node killed mid-write must not block the next start.
+    let tmp = path.with_extension(format!("tmp-{}", hex(&random[32..])));
+    let mut file = private_file(&tmp)?;
+    let linked = file
+        .write_all(format!("{token}\n").as_bytes())
+        .and_then(|()| file.sync_all())
+        .and_then(|()| std::fs::hard_link(&tmp, path));
+    // Ours to remove: created by this call.
     let _ = std::fs::remove_file(&tmp);
-    match written {
+    match linked {
         Ok(()) => {
             tracing::info!(path = %path.display(), "generated the admin token");
             Ok(token.into_bytes())
         }
+        // Another node linked its token first: that one is the token.
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => std::fs::read(path),
         Err(e) => Err(e),
     }
+}
+
+/// A token file others could read or have written is no credential: on
+/// Unix it must belong to this process's user and be private to it.
+#[cfg(unix)]
+fn check_private(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read: {e}"))?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return Err(format!(
+            "owned by uid {}, not this process's uid {me}: refused",
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(format!(
+            "mode {:o} lets others read or write it: chmod 600",
+            meta.mode() & 0o777
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn check_private(_path: &Path) -> Result<(), String> {
+    Ok(())
 }
 
 #[cfg(unix)]
@@ -222,6 +257,55 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
     }
 
+    fn write_private(path: &Path, text: &str) {
+        let mut f = private_file(path).unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+    }
+
+    #[test]
+    fn a_token_file_left_half_made_does_not_block_a_start() {
+        let d = dir("stale");
+        std::fs::create_dir_all(&d).unwrap();
+        let path = d.join("admin.token");
+        // A node killed between writing its temporary file and linking it.
+        write_private(&path.with_extension("tmp-1"), "half");
+        let token = AdminToken::load(&AdminConfig {
+            token_file: path.clone(),
+            ..AdminConfig::default()
+        })
+        .expect("a stale temporary file is no obstacle");
+        assert!(token.matches(std::fs::read_to_string(&path).unwrap().trim().as_bytes()));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_token_file_others_can_read_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = dir("open");
+        std::fs::create_dir_all(&d).unwrap();
+        let path = d.join("admin.token");
+        write_private(&path, "0123456789abcdef0123\n");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = AdminToken::load(&AdminConfig {
+            token_file: path.clone(),
+            ..AdminConfig::default()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with("admin.token_file: "), "{err}");
+        assert!(err.contains("mode 644"), "{err}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(
+            AdminToken::load(&AdminConfig {
+                token_file: path,
+                ..AdminConfig::default()
+            })
+            .is_ok()
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
     #[test]
     fn a_short_or_unreadable_token_is_refused_naming_the_field() {
         let d = dir("short");
@@ -230,7 +314,7 @@ mod tests {
             token_file: d.join("admin.token"),
             ..AdminConfig::default()
         };
-        std::fs::write(&cfg.token_file, "short\n").unwrap();
+        write_private(&cfg.token_file, "short\n");
         let err = AdminToken::load(&cfg).unwrap_err().to_string();
         assert!(err.starts_with("admin.token_file: "), "{err}");
         assert!(err.contains("shorter than 16"), "{err}");

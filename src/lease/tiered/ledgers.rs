@@ -127,6 +127,16 @@ impl Ledgers {
             .map_or(0, |s| s.ledger.reserved(now, &self.terms))
     }
 
+    /// [`Ledgers::reserved_of`] as it will be once `edge` gives back
+    /// `unused` ([`Ledger::giving_back`]), without giving it back yet.
+    pub fn reserved_of_after(&self, key: &[u8], edge: &str, unused: u64, now: Nanos) -> u64 {
+        self.keys.get(key).map_or(0, |s| {
+            s.ledger
+                .reserved(now, &self.terms)
+                .saturating_sub(s.ledger.giving_back(edge, unused, now, &self.terms))
+        })
+    }
+
     /// Whether `edge` was just told there is nothing for it
     /// ([`Ledger::waiting`]).
     pub fn waiting(&self, key: &[u8], edge: &str, now: Nanos) -> bool {

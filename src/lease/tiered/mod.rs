@@ -109,6 +109,17 @@ impl Ledger {
             .fold(0u64, |sum, s| sum.saturating_add(s.outstanding))
     }
 
+    /// What [`Ledger::give_back`] of `unused` by `edge` would take off
+    /// [`Ledger::reserved`] at `now`: lets a decision count a give-back
+    /// before applying it, so a decision retried (a stale ring) never gives
+    /// the same tokens back twice.
+    pub fn giving_back(&self, edge: &str, unused: u64, now: Nanos, terms: &Terms) -> u64 {
+        self.edges
+            .get(edge)
+            .filter(|s| s.expires.saturating_add(terms.grace) > now)
+            .map_or(0, |s| s.outstanding.min(unused))
+    }
+
     /// Edges holding an unexpired allotment.
     pub fn holders(&self, now: Nanos) -> usize {
         self.edges.values().filter(|s| s.expires > now).count()

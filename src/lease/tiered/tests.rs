@@ -526,3 +526,27 @@ proptest! {
         }
     }
 }
+
+/// A decision counts the edge's give-back before applying it: the count
+/// is what applying it yields, and counting changes nothing — so a
+/// decision retried with the same ask (a stale ring) gives back once.
+#[test]
+fn a_give_back_is_counted_before_it_is_applied_and_applied_once() {
+    let mut l = Ledgers::new(4, TERMS);
+    assert!(l.open(b"k", 0));
+    let g = l.grant(b"k", "e", 1_000, 1_000, 1, 0).unwrap();
+    assert_eq!((g.amount, l.reserved_of(b"k", MS)), (100, 100));
+    for _ in 0..2 {
+        // Counted twice (the first attempt met a stale ring): no change.
+        assert_eq!(l.reserved_of_after(b"k", "e", 30, MS), 70);
+        assert_eq!(l.reserved_of(b"k", MS), 100);
+    }
+    l.give_back(b"k", "e", 30);
+    assert_eq!(l.reserved_of(b"k", MS), 70, "applied once");
+    // More than the edge holds, or an edge never granted: nothing below 0.
+    assert_eq!(l.reserved_of_after(b"k", "e", 1_000, MS), 0);
+    assert_eq!(l.reserved_of_after(b"k", "stranger", 50, MS), 70);
+    // Past the allotment's grace nothing is reserved, so nothing comes off.
+    let late = 100 * MS + TERMS.grace;
+    assert_eq!(l.reserved_of_after(b"k", "e", 30, late), 0);
+}
