@@ -91,10 +91,10 @@ pub struct Limits {
     /// at once rather than queued — v1: every item `UNAVAILABLE` /
     /// `OVERLOADED`; Envoy: a gRPC `UNAVAILABLE` error; HTTP: 503.
     pub max_in_flight_checks: usize,
-    /// Open connections per gRPC listener; beyond it a new connection is
-    /// closed at once.
+    /// Open connections per listener (public gRPC, admin, peer, HTTP);
+    /// beyond it a new connection is closed at once.
     pub max_connections: usize,
-    /// A gRPC connection with no call in progress for this long is closed,
+    /// A connection (gRPC or HTTP) with no call in progress for this long is closed,
     /// e.g. "5m", and its place in `max_connections` freed: otherwise a
     /// client that connects and goes quiet (or a connection that never
     /// starts a call) holds its place forever. Idle means no call, not no

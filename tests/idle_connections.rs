@@ -276,3 +276,74 @@ async fn over_tls_a_stream_keeps_its_connection() {
     .await;
     assert_eq!(resources.idle_closed_count("grpc"), 2);
 }
+
+/// The HTTP listener (metrics, health, the HTTP check) is bounded the same
+/// way: with one place and a 200 ms timeout, a second connection is closed
+/// at once, a silent one once idle; a keep-alive client asking every 40 ms
+/// keeps its connection for 1 s (its requests are calls in progress), then,
+/// quiet, loses it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_http_listener_is_bounded_and_closes_idle_connections() {
+    use tokio::io::AsyncWriteExt;
+    const IDLE: Duration = Duration::from_millis(200);
+    let n = node(|c| {
+        c.limits.max_connections = 1;
+        c.limits.idle_connection_timeout = IDLE;
+    })
+    .await;
+    let resources = n.limiter.metrics().resources.clone();
+    let started = Instant::now();
+    let mut silent = tokio::net::TcpStream::connect(n.http_addr).await.unwrap();
+    // The accept loop takes connections in order: the first holds the place.
+    eventually(
+        "the first to hold the place",
+        Duration::from_secs(5),
+        || async {
+            n.limiter
+                .metrics()
+                .render()
+                .contains("sluice_connections{listener=\"http\"} 1")
+        },
+    )
+    .await;
+    let mut beyond = tokio::net::TcpStream::connect(n.http_addr).await.unwrap();
+    until_closed(&mut beyond, Duration::from_secs(5)).await;
+    assert_eq!(resources.exhausted_count("connections"), 1);
+    until_closed(&mut silent, Duration::from_secs(10)).await;
+    assert!(started.elapsed() >= IDLE, "closed once idle, not at once");
+    assert_eq!(resources.idle_closed_count("http"), 1);
+    eventually("the place to be freed", Duration::from_secs(5), || async {
+        n.limiter
+            .metrics()
+            .render()
+            .contains("sluice_connections{listener=\"http\"} 0")
+    })
+    .await;
+
+    let mut client = tokio::net::TcpStream::connect(n.http_addr).await.unwrap();
+    let busy = Instant::now();
+    let mut answered = 0;
+    while busy.elapsed() < Duration::from_secs(1) {
+        client
+            .write_all(b"GET /healthz HTTP/1.1\r\nhost: sluice\r\n\r\n")
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 512];
+        while !got.ends_with(b"\r\n\r\nok\n") {
+            let read = tokio::time::timeout(Duration::from_secs(5), client.read(&mut buf))
+                .await
+                .expect("an answer")
+                .unwrap();
+            assert!(read > 0, "closed while busy, after {answered} answers");
+            got.extend_from_slice(&buf[..read]);
+        }
+        assert!(got.starts_with(b"HTTP/1.1 200 OK\r\n"));
+        answered += 1;
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    assert!(answered >= 10, "{answered} answers on one connection");
+    assert_eq!(resources.idle_closed_count("http"), 1, "busy is not idle");
+    until_closed(&mut client, Duration::from_secs(10)).await;
+    assert_eq!(resources.idle_closed_count("http"), 2);
+}

@@ -104,9 +104,15 @@ impl Node {
                 "no cluster secret: gossip and peer calls are not authenticated (set cluster.secret_file)"
             );
         }
+        // One byte budget for what this node keeps: an eighth for the
+        // owners' answers it remembers as an edge (a cache: losing one
+        // costs a lease's precision, never a count), the rest for the keys
+        // it holds as owner or replica.
+        let max_memory = usize::try_from(config.limits.max_memory_bytes()).unwrap_or(usize::MAX);
+        let lease_memory = max_memory / 8;
         let store = Arc::new(Store::bounded(
             config.limits.max_keys,
-            usize::try_from(config.limits.max_memory_bytes()).unwrap_or(usize::MAX),
+            max_memory - lease_memory,
         ));
         let metrics = Arc::new(Metrics::new(
             Box::new(crate::store::StoreCollector(store.clone())),
@@ -213,7 +219,7 @@ impl Node {
             faults: faults.clone(),
             protocol: crate::proto::PEER_PROTOCOL_VERSION,
         })?;
-        let leases = Leases::new(cluster.lease_max_keys, boot_nanos());
+        let leases = Leases::new(cluster.lease_max_keys, lease_memory, boot_nanos());
         let limiter = Limiter::new(Parts {
             node_id: config.node_id.clone(),
             store,
@@ -350,10 +356,24 @@ impl Node {
             admission,
         );
         let token = shutdown.clone();
+        let http = crate::service::listener::HttpListener::new(
+            crate::service::listener::Listener {
+                name: "http",
+                listener: http,
+                max_connections: config.limits.max_connections,
+                idle_timeout: config.limits.idle_connection_timeout,
+                resources: limiter.metrics().resources.clone(),
+            },
+            shutdown.clone(),
+        )
+        .map_err(bind_error("HTTP admin", http_addr))?;
         tasks.spawn(async move {
-            let served = axum::serve(http, router)
-                .with_graceful_shutdown(token.cancelled_owned())
-                .await;
+            let served = axum::serve(
+                http,
+                router.into_make_service_with_connect_info::<crate::service::idle::HttpConn>(),
+            )
+            .with_graceful_shutdown(token.cancelled_owned())
+            .await;
             if let Err(e) = served {
                 tracing::error!(error = %e, "HTTP admin server failed");
             }

@@ -56,6 +56,9 @@ pub fn router(
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/v1/check", post(check))
+        // A request is a call in progress on its connection until its
+        // answer is sent: the idle timeout closes only quiet connections.
+        .layer(super::idle::CountCallsLayer)
         .with_state(AppState {
             limiter,
             readiness,

@@ -111,10 +111,21 @@ pub struct ConnInfo<I> {
     pub activity: Arc<Activity>,
 }
 
+/// What the HTTP server learns of a connection (axum's `ConnectInfo`):
+/// the caller's address, and the connection's [`Activity`].
+#[derive(Clone, Debug)]
+pub struct HttpConn {
+    pub remote: std::net::SocketAddr,
+    pub activity: Arc<Activity>,
+}
+
 /// A request's call begins on its connection (over plain TCP or TLS), and
 /// the transport's own info is put back where tonic's `remote_addr()` and
 /// `peer_certs()` look for it (as tonic inserts it for its own streams).
 fn begin(extensions: &mut http::Extensions) -> Option<Call> {
+    if let Some(c) = extensions.get::<axum::extract::ConnectInfo<HttpConn>>() {
+        return Some(c.0.activity.call());
+    }
     if let Some(c) = extensions.get::<ConnInfo<TcpConnectInfo>>().cloned() {
         extensions.insert(c.transport);
         return Some(c.activity.call());

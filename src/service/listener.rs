@@ -1,5 +1,6 @@
-//! The gRPC listeners' accept loops: a bound on open connections, the TLS
-//! handshake (when configured) off the accept loop, and the idle timeout.
+//! The listeners' accept loops — gRPC's and the HTTP server's: a bound on
+//! open connections, the TLS handshake (when configured) off the accept
+//! loop, and the idle timeout.
 //!
 //! A connection beyond `max_connections` is closed at once and counted:
 //! before HTTP/2 is spoken there is no way to send it a status, and holding
@@ -17,11 +18,12 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::Connected;
 
-use super::idle::{Activity, ConnInfo, Idle};
+use super::idle::{Activity, ConnInfo, HttpConn, Idle};
 use crate::metrics::Resources;
 use crate::tls::Reloading;
 
@@ -212,5 +214,59 @@ impl Listener {
             }
         });
         ReceiverStream::new(rx)
+    }
+}
+
+/// The HTTP server's listener: the same bound and idle timeout as gRPC's,
+/// for axum (`/metrics`, health, and the HTTP check are reachable by
+/// anyone who reaches the port, so an idle or a flood of connections must
+/// not hold it).
+pub struct HttpListener {
+    incoming: Incoming<TcpStream>,
+    local: std::net::SocketAddr,
+}
+
+impl HttpListener {
+    pub fn new(listener: Listener, token: CancellationToken) -> io::Result<HttpListener> {
+        let local = listener.listener.local_addr()?;
+        Ok(HttpListener {
+            incoming: listener.plain(token),
+            local,
+        })
+    }
+}
+
+impl axum::serve::Listener for HttpListener {
+    type Io = Limited<TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.incoming.next().await {
+                Some(Ok(conn)) => match conn.io.peer_addr() {
+                    Ok(addr) => return (conn, addr),
+                    // Gone before it was served.
+                    Err(_) => continue,
+                },
+                Some(Err(_)) => continue,
+                // Shut down: the server stops by its own graceful shutdown.
+                None => std::future::pending::<()>().await,
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, HttpListener>>
+    for HttpConn
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, HttpListener>) -> HttpConn {
+        HttpConn {
+            remote: *stream.remote_addr(),
+            activity: stream.io().activity.clone(),
+        }
     }
 }
