@@ -11,9 +11,13 @@ bin=target/release/sluice
 app=target/release/examples/axum_app
 grpc=127.0.0.1:18181
 pids=()
-trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
+trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "${tokens:-}"' EXIT
 
-"$bin" serve --grpc-addr "$grpc" --http-addr 127.0.0.1:18180 >/dev/null 2>&1 &
+# Its own admin port and token file (the default 127.0.0.1:8082 may still
+# be held by the node the previous CI stage stopped).
+tokens=$(mktemp -d)
+SLUICE_ADMIN__ADDR=127.0.0.1:18182 SLUICE_ADMIN__TOKEN_FILE="$tokens/admin.token" \
+    "$bin" serve --grpc-addr "$grpc" --http-addr 127.0.0.1:18180 >/dev/null 2>&1 &
 pids+=($!)
 # Ready first: a node still joining decides nothing (NOT_READY), and the
 # app, failing open, would answer 200 where 429 is expected.

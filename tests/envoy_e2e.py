@@ -157,6 +157,10 @@ def main():
     env = dict(os.environ, RUST_LOG="warn", SLUICE_ENVOY__RULES_PATH=rules,
                SLUICE_ENVOY__RESPONSE_HEADERS="true",
                SLUICE_CLUSTER__GOSSIP_ADDR=f"127.0.0.1:{gossip}")
+    # Its own admin port and token file: the default 127.0.0.1:8082 may
+    # still be held by a node another stage has just stopped.
+    env["SLUICE_ADMIN__ADDR"] = f"127.0.0.1:{free_port()}"
+    env["SLUICE_ADMIN__TOKEN_FILE"] = os.path.join(tmp, "admin.token")
     sluice = subprocess.Popen([binary, "serve", "--grpc-addr", f"127.0.0.1:{ports['sluice']}",
                                "--http-addr", f"127.0.0.1:{ports['sluice_http']}"], env=env)
     with open(os.path.join(tmp, "envoy.yaml"), "w") as f:

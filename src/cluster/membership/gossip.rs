@@ -190,7 +190,10 @@ impl Gossip {
                 }
             };
             match self.rejoin(handle, &rejoin, was).await {
-                Some(h) => handle = h,
+                Some(h) => {
+                    handle = h;
+                    burials.forget_seen();
+                }
                 None => return,
             }
         }

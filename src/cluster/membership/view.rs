@@ -261,6 +261,17 @@ pub(super) struct Burials {
 }
 
 impl Burials {
+    /// A rejoin starts a new chitchat: it has seen no member live yet. The
+    /// members the old one saw live would otherwise be buried the moment
+    /// the new one hears of them — a member chitchat has only just heard
+    /// of counts as dead until its second heartbeat — and a node back from
+    /// a cut would declare the members it came back to dead, making them
+    /// rejoin in turn (and leave the cluster unable to reform while a
+    /// tombstone and a rejoin chase each other).
+    pub fn forget_seen(&mut self) {
+        self.seen_live.clear();
+    }
+
     /// This round's tombstones: members seen live that chitchat's failure
     /// detector now declares dead — added only while this node sees a
     /// majority of the cluster, since only a majority takes a member's keys
