@@ -74,12 +74,13 @@ struct Inner {
 
 impl Leases {
     /// `max_keys` bounds both the keys remembered and the keys with
-    /// unreported consumption; `seq_base` must grow across restarts (boot
-    /// time in ns).
-    pub fn new(max_keys: usize, seq_base: u64) -> Leases {
+    /// unreported consumption, `max_memory` the bytes the remembered ones
+    /// hold (a sliding log's seed holds its timestamps); `seq_base` must
+    /// grow across restarts (boot time in ns).
+    pub fn new(max_keys: usize, max_memory: usize, seq_base: u64) -> Leases {
         Leases {
             inner: Arc::new(Inner {
-                seen: Store::new(max_keys),
+                seen: Store::bounded(max_keys, max_memory),
                 pending: Mutex::new(HashMap::new()),
                 max_pending: max_keys.max(1),
                 seq: AtomicU64::new(seq_base),
@@ -112,6 +113,11 @@ impl Leases {
     /// less what this edge's leases spent), if it saw the key at all.
     pub fn seen_remaining(&self, key: &[u8], now: Nanos) -> Option<u64> {
         self.inner.seen.remaining(key, now).map(|(_, r)| r)
+    }
+
+    /// Bytes the remembered keys hold ([`Store::memory_used`]).
+    pub fn memory_used(&self) -> usize {
+        self.inner.seen.memory_used()
     }
 
     /// Keys remembered (for metrics).
@@ -253,9 +259,48 @@ mod tests {
             .count()
     }
 
+    /// The owners' answers an edge remembers are bounded by bytes too: a
+    /// sliding log's seed holds timestamps, and `lease_max_keys` of them
+    /// would be far more than their share of `limits.max_memory`.
+    #[test]
+    fn remembered_answers_stay_within_their_byte_budget() {
+        const BUDGET: usize = 64 * 1024;
+        let l = Leases::new(10_000, BUDGET, 0);
+        let sp = Spec::new(
+            Algorithm::SlidingWindowLog,
+            1_000,
+            Period::Duration(60 * S),
+            None,
+        )
+        .unwrap();
+        let spent = Decision {
+            reason: Outcome::WithinLimit,
+            limit: 1_000,
+            remaining: 0,
+            reset_at: 0,
+            retry_after: None,
+            delay: 0,
+        };
+        for i in 0..1_000 {
+            let k = key::encode("log", &format!("k{i}"));
+            l.observe(&k, &sp, &spent, 0, i);
+            assert!(
+                l.memory_used() <= BUDGET,
+                "after {i} keys: {} bytes over {BUDGET}",
+                l.memory_used()
+            );
+        }
+        assert!(
+            l.remembered() < 1_000,
+            "evicted by bytes: {}",
+            l.remembered()
+        );
+        assert!(l.memory_used() > BUDGET / 2, "and kept what fits");
+    }
+
     #[test]
     fn a_lease_is_one_nth_of_what_the_owner_last_said() {
-        let l = Leases::new(100, 0);
+        let l = Leases::new(100, usize::MAX, 0);
         let k = key::encode("n", "k");
         let sp = spec(90);
         // The owner said 30 left at t=0: this edge's share is 10.
@@ -275,7 +320,7 @@ mod tests {
 
     #[test]
     fn a_key_never_seen_starts_empty_and_limit_one_cannot_be_split() {
-        let l = Leases::new(100, 0);
+        let l = Leases::new(100, usize::MAX, 0);
         let k = key::encode("n", "new");
         assert_eq!(admitted(&l, &k, &spec(90), 3, 0, 5), 0);
         assert_eq!(
@@ -294,7 +339,7 @@ mod tests {
 
     #[test]
     fn reports_are_resent_unchanged_until_acknowledged() {
-        let l = Leases::new(100, 1_000);
+        let l = Leases::new(100, usize::MAX, 1_000);
         let k = key::encode("n", "k");
         let sp = spec(600);
         l.decide(&k, &sp, Cost::hits(0), 3, 0); // a peek reports nothing

@@ -104,9 +104,15 @@ impl Node {
                 "no cluster secret: gossip and peer calls are not authenticated (set cluster.secret_file)"
             );
         }
+        // One byte budget for what this node keeps: an eighth for the
+        // owners' answers it remembers as an edge (a cache: losing one
+        // costs a lease's precision, never a count), the rest for the keys
+        // it holds as owner or replica.
+        let max_memory = usize::try_from(config.limits.max_memory_bytes()).unwrap_or(usize::MAX);
+        let lease_memory = max_memory / 8;
         let store = Arc::new(Store::bounded(
             config.limits.max_keys,
-            usize::try_from(config.limits.max_memory_bytes()).unwrap_or(usize::MAX),
+            max_memory - lease_memory,
         ));
         let metrics = Arc::new(Metrics::new(
             Box::new(crate::store::StoreCollector(store.clone())),
@@ -213,7 +219,7 @@ impl Node {
             faults: faults.clone(),
             protocol: crate::proto::PEER_PROTOCOL_VERSION,
         })?;
-        let leases = Leases::new(cluster.lease_max_keys, boot_nanos());
+        let leases = Leases::new(cluster.lease_max_keys, lease_memory, boot_nanos());
         let limiter = Limiter::new(Parts {
             node_id: config.node_id.clone(),
             store,

@@ -26,7 +26,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::presence::{Presence, boot_time};
-use super::view::{Burials, ClusterView, DEAD, Reading, STATE, encode_tombstones};
+use super::view::{Burials, ClusterView, DEAD, Reading, STATE, SUSPECTS, encode_tombstones};
 use super::{Lifecycle, Slot, join_wait};
 use crate::cluster::auth::AuthTransport;
 
@@ -110,6 +110,7 @@ impl Gossip {
         };
         initial.insert(STATE.to_string(), state.name().to_string());
         initial.remove(DEAD);
+        initial.remove(SUSPECTS);
         let handle = chitchat::spawn_chitchat(
             config,
             initial.into_iter().collect(),
@@ -136,6 +137,9 @@ impl Gossip {
         };
         let _ = ready.send(Ok(()));
         let mut burials = Burials::default();
+        // Whether this chitchat has yet to gossip the burials (a rejoin's
+        // new chitchat starts without them).
+        let mut republish = false;
         let mut tick = tokio::time::interval(self.refresh);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -148,10 +152,11 @@ impl Gossip {
                 }
                 let reading = {
                     let mut cc = chitchat.lock().await;
-                    let majority = self.view_tx.borrow().has_majority();
-                    if burials.update(&cc, majority) {
-                        cc.self_node_state()
-                            .set(DEAD, encode_tombstones(&burials.published));
+                    let size = self.view_tx.borrow().size;
+                    if burials.update(&cc, size) || std::mem::take(&mut republish) {
+                        let state = cc.self_node_state();
+                        state.set(DEAD, encode_tombstones(&burials.published));
+                        state.set(SUSPECTS, encode_tombstones(&burials.suspects));
                     }
                     Reading::from_chitchat(&cc, &burials.published)
                 };
@@ -193,6 +198,11 @@ impl Gossip {
                 Some(h) => {
                     handle = h;
                     burials.forget_seen();
+                    // The members this node buried stay buried: a peer
+                    // that was cut off learns it from these tombstones and
+                    // rejoins (without them it would never know, and this
+                    // node would leave it out of the ring for good).
+                    republish = true;
                 }
                 None => return,
             }

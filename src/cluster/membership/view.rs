@@ -10,6 +10,15 @@
 //! could repeat an earlier one (A → B → A), so a stale mark would pass as
 //! current. A node that finds itself in a list rejoins as a new generation
 //! (`gossip.rs`).
+//!
+//! **Burying takes a majority's word.** A node's failure detector only
+//! *suspects* a member (key `suspects`, gossiped like the tombstones); the
+//! member is buried once a majority of the cluster's size — this node and
+//! the ready peers it hears — suspects it. One node's word is not enough:
+//! a node cut off from everyone sees its peers die one failure-detector
+//! round apart, so for a moment it "sees a majority" and would bury the
+//! first to go — making a member of the real majority rejoin when the cut
+//! heals, for nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -28,6 +37,7 @@ pub(super) const VERSION: &str = "version";
 pub(super) const PROTOCOL: &str = "protocol";
 pub(super) const POLICY_HASH: &str = "policy_hash";
 pub(super) const DEAD: &str = "dead";
+pub(super) const SUSPECTS: &str = "suspects";
 
 /// Tombstones one node gossips at most (the newest generations).
 pub const MAX_TOMBSTONES: usize = 64;
@@ -250,12 +260,15 @@ impl Reading {
     }
 }
 
-/// Which members this node buries, kept across gossip rounds.
+/// Which members this node suspects and buries, kept across gossip rounds
+/// (and across a rejoin: a burial is the cluster's, not this chitchat's).
 #[derive(Debug, Default)]
 pub(super) struct Burials {
     /// Members seen live (a member chitchat has only just heard of counts
     /// as "dead" until its second heartbeat: that is no death).
     seen_live: BTreeSet<Tombstone>,
+    /// Members this node's failure detector declares dead, as gossiped.
+    pub suspects: BTreeSet<Tombstone>,
     /// The tombstones this node gossips.
     pub published: BTreeSet<Tombstone>,
 }
@@ -272,13 +285,15 @@ impl Burials {
         self.seen_live.clear();
     }
 
-    /// This round's tombstones: members seen live that chitchat's failure
-    /// detector now declares dead — added only while this node sees a
-    /// majority of the cluster, since only a majority takes a member's keys
-    /// over (a node cut off alone decides on leases, and must not make the
-    /// majority rejoin when the cut heals). Newest generations first, at
-    /// most [`MAX_TOMBSTONES`]. Returns whether the set changed.
-    pub fn update(&mut self, chitchat: &chitchat::Chitchat, majority: bool) -> bool {
+    /// This round's suspects — members seen live that chitchat's failure
+    /// detector now declares dead — and tombstones: suspects that a
+    /// majority of `size` (the cluster size this node remembers) suspects,
+    /// counting this node and every ready, unburied peer whose gossiped
+    /// `suspects` name the member. Only a majority takes a member's keys
+    /// over; a node cut off alone decides on leases, and must not make the
+    /// majority rejoin when the cut heals. Newest generations first, at
+    /// most [`MAX_TOMBSTONES`] of each. Returns whether either set changed.
+    pub fn update(&mut self, chitchat: &chitchat::Chitchat, size: usize) -> bool {
         let pair = |id: &ChitchatId| (id.node_id.clone(), id.generation_id);
         self.seen_live.extend(chitchat.live_nodes().map(pair));
         self.seen_live.retain(|(id, g)| {
@@ -287,9 +302,6 @@ impl Burials {
                 .keys()
                 .any(|c| c.node_id == *id && c.generation_id == *g)
         });
-        if !majority {
-            return false;
-        }
         // A member that announced its departure never comes back under
         // its generation: no tombstone needed (the list is bounded).
         let departed = |id: &ChitchatId| {
@@ -298,20 +310,62 @@ impl Burials {
                 .and_then(|s| s.get(STATE))
                 .is_some_and(|s| s == Lifecycle::Leaving.name() || s == Lifecycle::Left.name())
         };
-        let mut dead: Vec<Tombstone> = chitchat
-            .dead_nodes()
-            .filter(|id| !departed(id))
-            .map(pair)
-            .filter(|t| self.seen_live.contains(t))
-            .chain(self.published.iter().cloned())
-            .collect();
-        dead.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        dead.dedup();
-        let dead: BTreeSet<Tombstone> = dead.into_iter().take(MAX_TOMBSTONES).collect();
-        let changed = dead != self.published;
+        let suspects = newest(
+            chitchat
+                .dead_nodes()
+                .filter(|id| !departed(id))
+                .map(pair)
+                .filter(|t| self.seen_live.contains(t))
+                .collect(),
+        );
+        // Each ready, unburied peer's suspects (distinct node ids: a
+        // restarted peer is one voice).
+        let self_id = &chitchat.self_chitchat_id().node_id;
+        let mut voices: BTreeMap<Arc<str>, Vec<Tombstone>> = BTreeMap::new();
+        if !suspects.is_empty() {
+            for id in chitchat.live_nodes() {
+                if id.node_id == *self_id || self.published.contains(&pair(id)) {
+                    continue;
+                }
+                let Some(state) = chitchat.node_state(id) else {
+                    continue;
+                };
+                if state.get(STATE) != Some(Lifecycle::Ready.name()) {
+                    continue;
+                }
+                if let Some(list) = state.get(SUSPECTS) {
+                    voices
+                        .entry(id.node_id.clone())
+                        .or_default()
+                        .extend(parse_tombstones(list));
+                }
+            }
+        }
+        let corroborated = suspects.iter().filter(|t| {
+            let others = voices
+                .iter()
+                .filter(|(voter, list)| **voter != t.0 && list.contains(t))
+                .count();
+            (1 + others) * 2 > size
+        });
+        let dead = newest(
+            corroborated
+                .cloned()
+                .chain(self.published.iter().cloned())
+                .collect(),
+        );
+        let changed = dead != self.published || suspects != self.suspects;
         self.published = dead;
+        self.suspects = suspects;
         changed
     }
+}
+
+/// The newest generations of `list`, at most [`MAX_TOMBSTONES`].
+fn newest(mut list: Vec<Tombstone>) -> BTreeSet<Tombstone> {
+    list.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    list.dedup();
+    list.into_iter().take(MAX_TOMBSTONES).collect()
 }
 
 /// Tombstones as gossiped: a JSON list of `[node_id, generation]` (node
