@@ -54,6 +54,17 @@ struct Pending {
     last_at: Nanos,
     /// Sent, not yet acknowledged: resent unchanged.
     in_flight: Option<Report>,
+    /// The largest `N` a lease here spent at (each hit cost `N` tokens of
+    /// the remembered answer); 1 for hits recorded without a lease.
+    scale: u64,
+}
+
+impl Pending {
+    /// Hits not yet acknowledged by the owner.
+    fn hits(&self) -> u64 {
+        self.unsent
+            .saturating_add(self.in_flight.as_ref().map_or(0, |r| r.hits))
+    }
 }
 
 /// An edge's leases and their unreported consumption. Cheap to clone.
@@ -96,10 +107,19 @@ impl Leases {
     /// reset generation `reset_gen`). It is merged with what this edge
     /// already spent on its lease and has not reported — the more consumed
     /// wins — so unreported spending is never granted a second time.
+    ///
+    /// The remembered answers are a cache bounded by keys and bytes, so a
+    /// key with unreported spending can be evicted; the answer that
+    /// re-creates it has that spending folded back in (at the largest `N`
+    /// it was spent at, so never less than the lease consumed).
     pub fn observe(&self, key: &[u8], spec: &Spec, d: &Decision, reset_gen: u64, now: Nanos) {
+        let unreported = self
+            .pending()
+            .get(key)
+            .map_or(0, |p| p.hits().saturating_mul(p.scale));
         self.inner
             .seen
-            .observe(key, spec, d.remaining, reset_gen, now);
+            .observe(key, spec, d.remaining, reset_gen, now, unreported);
     }
 
     /// Forget what this edge knows of `key` and its unreported spending (an
@@ -154,7 +174,7 @@ impl Leases {
             d.retry_after = None;
         }
         if d.reason == Outcome::WithinLimit && req.hits > 0 {
-            self.record(key, spec, req.hits, now);
+            self.queue(key, spec, req.hits, n, now);
         }
         d
     }
@@ -164,6 +184,12 @@ impl Leases {
     /// is bounded by the callers' admission checks; a key already queued
     /// always accumulates.
     pub fn record(&self, key: &[u8], spec: &Spec, hits: u64, now: Nanos) {
+        self.queue(key, spec, hits, 1, now);
+    }
+
+    /// [`Leases::record`], for hits that cost `scale` tokens each of the
+    /// remembered answer.
+    fn queue(&self, key: &[u8], spec: &Spec, hits: u64, scale: u64, now: Nanos) {
         // The generation this edge knows the key under, if it saw it.
         let reset_gen = self
             .inner
@@ -177,7 +203,9 @@ impl Leases {
             unsent: 0,
             last_at: now,
             in_flight: None,
+            scale: 1,
         });
+        p.scale = p.scale.max(scale);
         if reset_gen > p.reset_gen {
             // A newer generation: unsent spending from before the reset
             // would be dropped by the owner.
@@ -228,10 +256,7 @@ impl Leases {
 
     /// Hits admitted on leases and not yet acknowledged by an owner.
     pub fn unreported(&self) -> u64 {
-        self.pending()
-            .values()
-            .map(|p| p.unsent + p.in_flight.as_ref().map_or(0, |r| r.hits))
-            .sum()
+        self.pending().values().map(Pending::hits).sum()
     }
 }
 
@@ -257,6 +282,40 @@ mod tests {
         (0..tries)
             .filter(|_| l.decide(k, sp, Cost::hits(1), n, now).allowed())
             .count()
+    }
+
+    fn owner_said(remaining: u64) -> Decision {
+        Decision {
+            reason: Outcome::WithinLimit,
+            limit: 90,
+            remaining,
+            reset_at: 0,
+            retry_after: None,
+            delay: 0,
+        }
+    }
+
+    /// A remembered answer is a cache entry: evicted while its lease
+    /// spending is unreported, the owner's next answer (which has not heard
+    /// of that spending) re-creates it — with the spending folded back in,
+    /// so the lease does not grant it a second time.
+    #[test]
+    fn an_evicted_answer_comes_back_with_its_unreported_spending() {
+        let l = Leases::new(1, usize::MAX, 0);
+        let (a, b) = (key::encode("n", "a"), key::encode("n", "b"));
+        let sp = spec(90);
+        l.observe(&a, &sp, &owner_said(30), 0, 0);
+        assert_eq!(admitted(&l, &a, &sp, 3, 0, 6), 6, "6 of its share of 10");
+        l.observe(&b, &sp, &owner_said(90), 0, 0);
+        assert!(!l.inner.seen.contains(&a), "a evicted by the key bound");
+        assert_eq!(l.unreported(), 6);
+        // The owner still says 30 (the report has not reached it).
+        l.observe(&a, &sp, &owner_said(30), 0, 0);
+        assert_eq!(
+            admitted(&l, &a, &sp, 3, 0, 10),
+            4,
+            "the share of 10 less the 6 already spent"
+        );
     }
 
     /// The owners' answers an edge remembers are bounded by bytes too: a

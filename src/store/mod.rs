@@ -345,8 +345,21 @@ impl Store {
 
     /// Record an authoritative view of a key: `remaining` whole tokens left
     /// at `at` under `reset_gen` (what an owner answered, at an edge; see
-    /// [`Entry::observe`]).
-    pub fn observe(&self, key: &[u8], spec: &Spec, remaining: u64, reset_gen: u64, at: Nanos) {
+    /// [`Entry::observe`]). `unreported` is what this edge spent on the
+    /// key and has not yet reported, in tokens: folded into an entry this
+    /// call creates — the owner's figure does not hold it, and an entry
+    /// evicted meanwhile no longer does either (an existing entry already
+    /// counted it when it was spent). Created and folded in one step, so no
+    /// lease decides in between.
+    pub fn observe(
+        &self,
+        key: &[u8],
+        spec: &Spec,
+        remaining: u64,
+        reset_gen: u64,
+        at: Nanos,
+        unreported: u64,
+    ) {
         let tokens = spec.capacity().saturating_sub(remaining);
         self.upsert(
             key,
@@ -354,6 +367,9 @@ impl Store {
             || {
                 let mut e = Entry::seeded(*spec, tokens, at);
                 e.observe(*spec, tokens, reset_gen, at);
+                if unreported > 0 {
+                    e.fold(unreported, at);
+                }
                 e
             },
             |e| e.observe(*spec, tokens, reset_gen, at),

@@ -302,14 +302,14 @@ fn an_observed_answer_never_forgets_unreported_spending() {
     // owner then answers with 8 left (it has not heard of those 6).
     let seen = Store::new(10);
     let k = key::encode("n", "k");
-    seen.observe(&k, &spec(10), 10, 0, 0);
+    seen.observe(&k, &spec(10), 10, 0, 0, 0);
     seen.decide(&k, &spec(10), Cost::hits(6), 0);
-    seen.observe(&k, &spec(10), 8, 0, 0);
+    seen.observe(&k, &spec(10), 8, 0, 0, 0);
     assert_eq!(seen.remaining(&k, 0).unwrap().1, 4, "more consumed wins");
     // A newer reset generation replaces it.
-    seen.observe(&k, &spec(10), 9, 1, 0);
+    seen.observe(&k, &spec(10), 9, 1, 0, 0);
     assert_eq!(seen.remaining(&k, 0).unwrap().1, 9);
-    seen.observe(&k, &spec(10), 10, 0, 0);
+    seen.observe(&k, &spec(10), 10, 0, 0, 0);
     assert_eq!(
         seen.remaining(&k, 0).unwrap().1,
         9,

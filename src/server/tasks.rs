@@ -1,0 +1,80 @@
+//! The node's background tasks: each runs until the node's shutdown token
+//! is cancelled, so stopping a node stops them all.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::membership::{ClusterView, Lifecycle, Membership};
+use crate::limiter::Limiter;
+
+/// Run `work` every `interval` until cancelled (missed ticks are not
+/// bunched up: a slow round delays the next).
+pub(super) async fn every<F, Fut>(interval: Duration, token: CancellationToken, mut work: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tick.tick() => work().await,
+        }
+    }
+}
+
+/// Send lease and allotment reports every `interval`, or sooner when an
+/// allotment runs low — but never more often than a fifth of the interval.
+pub(super) async fn report(limiter: Limiter, interval: Duration, token: CancellationToken) {
+    let soon = limiter.report_soon();
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tick.tick() => {}
+            _ = soon.notified() => {}
+        }
+        limiter.flush_reports().await;
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tokio::time::sleep(interval / 5) => {}
+        }
+    }
+}
+
+/// Apply every new cluster view: the ring to the limiter (and its peers),
+/// the figures to the metrics.
+pub(super) async fn follow_ring(
+    membership: Membership,
+    limiter: Limiter,
+    token: CancellationToken,
+) {
+    let mut views = membership.watch();
+    let mut progress = tokio::time::interval(Duration::from_millis(500));
+    progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let view: Arc<ClusterView> = views.borrow_and_update().clone();
+        limiter.set_view(&view);
+        let m = &limiter.metrics().cluster;
+        for state in [Lifecycle::Joining, Lifecycle::Ready, Lifecycle::Leaving] {
+            let n = view.members.iter().filter(|x| x.state == state).count();
+            m.members
+                .get_or_create(&vec![("state", state.name())])
+                .set(n as i64);
+        }
+        m.ring_epoch.set((view.ring.epoch() >> 1) as i64);
+        m.size.set(view.size as i64);
+        loop {
+            tokio::select! {
+                _ = token.cancelled() => return,
+                changed = views.changed() => if changed.is_err() { return } else { break },
+                // The transfer's progress between views.
+                _ = progress.tick() => limiter.export_transfer(),
+            }
+        }
+    }
+}
