@@ -24,7 +24,7 @@
 
 pub mod tiered;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -67,6 +67,53 @@ impl Pending {
     }
 }
 
+/// What an edge keeps of its lease spending, under one lock.
+#[derive(Default)]
+struct Table {
+    /// Unreported consumption by key.
+    pending: HashMap<Arc<[u8]>, Pending>,
+    /// Spending the owner acknowledged, in tokens (hits × `N`), kept until
+    /// the key's next answer: an answer the owner gave before it absorbed
+    /// the report can arrive after the acknowledgement (they travel on
+    /// different calls), and if the key's remembered answer was evicted
+    /// meanwhile, that stale answer alone would grant the spending again.
+    /// Bounded: the oldest go first beyond `max_pending`.
+    settled: HashMap<Arc<[u8]>, (u64, u64)>,
+    /// `settled`'s keys, oldest first, each with the id it was settled
+    /// under (a key settled again has a newer id; the older mark is stale).
+    order: VecDeque<(Arc<[u8]>, u64)>,
+    next_id: u64,
+}
+
+impl Table {
+    /// Tokens this edge spent on `key` that the owner's answers may not
+    /// hold: unacknowledged hits at their largest `N`, and recently
+    /// acknowledged ones.
+    fn unaccounted(&self, key: &[u8]) -> u64 {
+        let pending = self
+            .pending
+            .get(key)
+            .map_or(0, |p| p.hits().saturating_mul(p.scale));
+        let settled = self.settled.get(key).map_or(0, |(t, _)| *t);
+        pending.saturating_add(settled)
+    }
+
+    fn settle(&mut self, key: &Arc<[u8]>, tokens: u64, bound: usize) {
+        self.next_id += 1;
+        let id = self.next_id;
+        let e = self.settled.entry(key.clone()).or_insert((0, id));
+        *e = (e.0.saturating_add(tokens), id);
+        self.order.push_back((key.clone(), id));
+        while self.order.len() > bound {
+            if let Some((k, id)) = self.order.pop_front() {
+                if self.settled.get(&k).is_some_and(|(_, i)| *i == id) {
+                    self.settled.remove(&k);
+                }
+            }
+        }
+    }
+}
+
 /// An edge's leases and their unreported consumption. Cheap to clone.
 #[derive(Clone)]
 pub struct Leases {
@@ -76,9 +123,13 @@ pub struct Leases {
 struct Inner {
     /// Owners' states as this edge last saw them, spent at `N×` by leases.
     seen: Store,
-    /// Unreported consumption by key. A std Mutex: held for map operations
-    /// only, and only leases and the report flusher take it.
-    pending: Mutex<HashMap<Arc<[u8]>, Pending>>,
+    /// Unreported and recently settled consumption. A std Mutex: held for
+    /// map operations and one decision on a remembered answer (never
+    /// across an await), taken only by leases and the report flusher, and
+    /// always before the remembered answers' shard locks — so nothing can
+    /// be decided, observed or evicted between reading what is unreported
+    /// and applying it.
+    table: Mutex<Table>,
     max_pending: usize,
     seq: AtomicU64,
 }
@@ -92,15 +143,15 @@ impl Leases {
         Leases {
             inner: Arc::new(Inner {
                 seen: Store::bounded(max_keys, max_memory),
-                pending: Mutex::new(HashMap::new()),
+                table: Mutex::new(Table::default()),
                 max_pending: max_keys.max(1),
                 seq: AtomicU64::new(seq_base),
             }),
         }
     }
 
-    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<[u8]>, Pending>> {
-        self.inner.pending.lock().unwrap_or_else(|p| p.into_inner())
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.inner.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Remember an owner's authoritative answer for `key` (under the key's
@@ -111,21 +162,27 @@ impl Leases {
     /// The remembered answers are a cache bounded by keys and bytes, so a
     /// key with unreported spending can be evicted; the answer that
     /// re-creates it has that spending folded back in (at the largest `N`
-    /// it was spent at, so never less than the lease consumed).
+    /// it was spent at, so never less than the lease consumed), and so has
+    /// spending acknowledged since the key's last answer (see
+    /// `Table::settled`).
     pub fn observe(&self, key: &[u8], spec: &Spec, d: &Decision, reset_gen: u64, now: Nanos) {
-        let unreported = self
-            .pending()
-            .get(key)
-            .map_or(0, |p| p.hits().saturating_mul(p.scale));
+        let mut table = self.table();
+        let unaccounted = table.unaccounted(key);
         self.inner
             .seen
-            .observe(key, spec, d.remaining, reset_gen, now, unreported);
+            .observe(key, spec, d.remaining, reset_gen, now, unaccounted);
+        // The remembered answer holds the settled spending now (folded in,
+        // or spent on it): merging keeps the most consumed, so a later
+        // stale answer cannot take it out.
+        table.settled.remove(key);
     }
 
     /// Forget what this edge knows of `key` and its unreported spending (an
     /// admin reset: that spending was before it).
     pub fn forget(&self, key: &[u8]) {
-        self.pending().remove(key);
+        let mut table = self.table();
+        table.pending.remove(key);
+        table.settled.remove(key);
         self.inner.seen.remove(key);
     }
 
@@ -150,10 +207,9 @@ impl Leases {
     /// keeps memory bounded without losing a count.
     pub fn decide(&self, key: &[u8], spec: &Spec, req: Cost, n: u64, now: Nanos) -> Decision {
         let n = n.max(1);
-        let full = {
-            let pending = self.pending();
-            pending.len() >= self.inner.max_pending && !pending.contains_key(key)
-        };
+        let mut table = self.table();
+        let full =
+            table.pending.len() >= self.inner.max_pending && !table.pending.contains_key(key);
         let scaled = Cost {
             hits: if full {
                 u64::MAX
@@ -162,10 +218,10 @@ impl Leases {
             },
             ..req
         };
-        let mut d =
-            self.inner
-                .seen
-                .decide_seeded(key, spec, scaled, now, Seed::Consumed(spec.capacity()));
+        // A key never seen (or evicted) starts empty, less what this edge
+        // already spent on it.
+        let seed = Seed::Consumed(spec.capacity().saturating_add(table.unaccounted(key)));
+        let mut d = self.inner.seen.decide_seeded(key, spec, scaled, now, seed);
         d.remaining /= n;
         if d.reason == Outcome::CostExceedsCapacity && req.hits <= spec.capacity() {
             // Within the limit's capacity but not the lease's: a refusal
@@ -174,7 +230,7 @@ impl Leases {
             d.retry_after = None;
         }
         if d.reason == Outcome::WithinLimit && req.hits > 0 {
-            self.queue(key, spec, req.hits, n, now);
+            self.queue(&mut table, key, spec, req.hits, n, now);
         }
         d
     }
@@ -184,27 +240,30 @@ impl Leases {
     /// is bounded by the callers' admission checks; a key already queued
     /// always accumulates.
     pub fn record(&self, key: &[u8], spec: &Spec, hits: u64, now: Nanos) {
-        self.queue(key, spec, hits, 1, now);
+        let mut table = self.table();
+        self.queue(&mut table, key, spec, hits, 1, now);
     }
 
     /// [`Leases::record`], for hits that cost `scale` tokens each of the
     /// remembered answer.
-    fn queue(&self, key: &[u8], spec: &Spec, hits: u64, scale: u64, now: Nanos) {
+    fn queue(&self, table: &mut Table, key: &[u8], spec: &Spec, hits: u64, scale: u64, now: Nanos) {
         // The generation this edge knows the key under, if it saw it.
         let reset_gen = self
             .inner
             .seen
             .contains(key)
             .then(|| self.inner.seen.reset_gen(key));
-        let mut pending = self.pending();
-        let p = pending.entry(Arc::from(key)).or_insert_with(|| Pending {
-            spec: *spec,
-            reset_gen,
-            unsent: 0,
-            last_at: now,
-            in_flight: None,
-            scale: 1,
-        });
+        let p = table
+            .pending
+            .entry(Arc::from(key))
+            .or_insert_with(|| Pending {
+                spec: *spec,
+                reset_gen,
+                unsent: 0,
+                last_at: now,
+                in_flight: None,
+                scale: 1,
+            });
         p.scale = p.scale.max(scale);
         if reset_gen > p.reset_gen {
             // A newer generation: unsent spending from before the reset
@@ -222,8 +281,8 @@ impl Leases {
     /// The reports to send now: each key's in-flight report, cutting a new
     /// one from unsent hits where none is in flight.
     pub fn reports(&self) -> Vec<Report> {
-        let mut pending = self.pending();
-        pending
+        self.table()
+            .pending
             .iter_mut()
             .filter_map(|(key, p)| {
                 if p.in_flight.is_none() && p.unsent > 0 {
@@ -243,20 +302,24 @@ impl Leases {
 
     /// The owner applied (or had already applied) this report.
     pub fn acknowledge(&self, report: &Report) {
-        let mut pending = self.pending();
-        if let Some(p) = pending.get_mut(&report.key) {
-            if p.in_flight.as_ref().is_some_and(|r| r.seq == report.seq) {
-                p.in_flight = None;
-            }
-            if p.in_flight.is_none() && p.unsent == 0 {
-                pending.remove(&report.key);
-            }
+        let mut table = self.table();
+        let Some(p) = table.pending.get_mut(&report.key) else {
+            return;
+        };
+        if !p.in_flight.as_ref().is_some_and(|r| r.seq == report.seq) {
+            return;
         }
+        p.in_flight = None;
+        let tokens = report.hits.saturating_mul(p.scale);
+        if p.unsent == 0 {
+            table.pending.remove(&report.key);
+        }
+        table.settle(&report.key, tokens, self.inner.max_pending);
     }
 
     /// Hits admitted on leases and not yet acknowledged by an owner.
     pub fn unreported(&self) -> u64 {
-        self.pending().values().map(Pending::hits).sum()
+        self.table().pending.values().map(Pending::hits).sum()
     }
 }
 
@@ -316,6 +379,32 @@ mod tests {
             4,
             "the share of 10 less the 6 already spent"
         );
+    }
+
+    /// An answer the owner gave before it absorbed a report can arrive
+    /// after the report's acknowledgement (they travel on different calls);
+    /// if the remembered answer was evicted meanwhile, the acknowledged
+    /// spending is still folded in when that answer re-creates it.
+    #[test]
+    fn acknowledged_spending_survives_an_eviction_until_the_next_answer() {
+        let l = Leases::new(1, usize::MAX, 0);
+        let (a, b) = (key::encode("n", "a"), key::encode("n", "b"));
+        let sp = spec(90);
+        l.observe(&a, &sp, &owner_said(30), 0, 0);
+        assert_eq!(admitted(&l, &a, &sp, 3, 0, 6), 6);
+        let sent = l.reports();
+        l.acknowledge(&sent[0]);
+        assert_eq!(l.unreported(), 0);
+        l.observe(&b, &sp, &owner_said(90), 0, 0);
+        assert!(!l.inner.seen.contains(&a), "a evicted");
+        // The stale answer (from before the owner absorbed the 6).
+        l.observe(&a, &sp, &owner_said(30), 0, 0);
+        assert_eq!(admitted(&l, &a, &sp, 3, 0, 10), 4);
+        // Evicted again; the next answer holds the 6: folded in are only
+        // the 4 spent since (unreported), not the 6 a second time.
+        l.observe(&b, &sp, &owner_said(90), 0, 0);
+        l.observe(&a, &sp, &owner_said(24), 0, 0);
+        assert_eq!(admitted(&l, &a, &sp, 3, 0, 10), 4, "24 / 3 less the 4");
     }
 
     /// The owners' answers an edge remembers are bounded by bytes too: a

@@ -44,6 +44,8 @@ pub struct ClusterMetrics {
     pub reports: Family<Vec<(&'static str, &'static str)>, Counter>,
     /// 1 while this node sees fewer than a majority of N (every key on leases).
     pub minority: Gauge,
+    /// 1 while this node answers as ready (`/readyz`, gRPC health).
+    pub ready: Gauge,
     /// Forwarded items dropped on arrival, past their deadline.
     pub shed: Counter,
     /// States sent to replica holders.
@@ -109,6 +111,7 @@ impl ClusterMetrics {
             unreported: Gauge::default(),
             reports: Family::default(),
             minority: Gauge::default(),
+            ready: Gauge::default(),
             shed: Counter::default(),
             replicated: Counter::default(),
             replication_pending: Gauge::default(),
@@ -281,6 +284,11 @@ impl ClusterMetrics {
             self.minority.clone(),
         );
         registry.register(
+            "sluice_ready",
+            "1 while this node answers as ready (/readyz and gRPC health say the same)",
+            self.ready.clone(),
+        );
+        registry.register(
             "sluice_replicated_states",
             "States sent to replica holders",
             self.replicated.clone(),
@@ -337,8 +345,11 @@ impl ClusterMetrics {
             .set(seconds);
     }
 
-    pub fn forget_clock(&self, peer: &str) {
+    /// A peer left: its last clock offset and breaker are no one's any
+    /// more (a departed peer's open breaker would otherwise show forever).
+    pub fn forget_peer(&self, peer: &str) {
         self.clock_offsets.remove(&vec![("peer", peer.to_string())]);
+        self.breakers.remove(&vec![("peer", peer.to_string())]);
     }
 
     pub fn rpc_attempt(&self, peer: &str) {

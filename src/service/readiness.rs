@@ -79,6 +79,7 @@ impl Readiness {
     async fn publish(&self) {
         let mut published = self.published.lock().await;
         let ready = self.is_ready();
+        self.limiter.metrics().cluster.ready.set(i64::from(ready));
         if ready == *published {
             return;
         }

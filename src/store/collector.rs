@@ -28,7 +28,7 @@ impl Collector for StoreCollector {
         let memory = ConstGauge::new(i64::try_from(self.0.memory_used()).unwrap_or(i64::MAX));
         memory.encode(encoder.encode_descriptor(
             "sluice_memory_bytes",
-            "Bytes the keys in memory hold (their footprints; limits.max_memory bounds it)",
+            "Bytes the keys this node holds take (their footprints; bounded by 7/8 of limits.max_memory, the rest is for lease seeds)",
             None,
             memory.metric_type(),
         )?)?;

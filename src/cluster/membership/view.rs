@@ -286,10 +286,10 @@ impl Burials {
     }
 
     /// This round's suspects — members seen live that chitchat's failure
-    /// detector now declares dead — and tombstones: suspects that a
+    /// detector now declares dead — and tombstones: dead members that a
     /// majority of `size` (the cluster size this node remembers) suspects,
-    /// counting this node and every ready, unburied peer whose gossiped
-    /// `suspects` name the member. Only a majority takes a member's keys
+    /// counting this node (when ready) and every ready, unburied peer whose
+    /// gossiped `suspects` name the member. Only a majority takes a member's keys
     /// over; a node cut off alone decides on leases, and must not make the
     /// majority rejoin when the cut heals. Newest generations first, at
     /// most [`MAX_TOMBSTONES`] of each. Returns whether either set changed.
@@ -310,43 +310,68 @@ impl Burials {
                 .and_then(|s| s.get(STATE))
                 .is_some_and(|s| s == Lifecycle::Leaving.name() || s == Lifecycle::Left.name())
         };
+        let known_dead: Vec<Tombstone> = chitchat
+            .dead_nodes()
+            .filter(|id| !departed(id))
+            .map(pair)
+            .collect();
+        // What this node suspects by its own failure detector (gossiped).
         let suspects = newest(
-            chitchat
-                .dead_nodes()
-                .filter(|id| !departed(id))
-                .map(pair)
-                .filter(|t| self.seen_live.contains(t))
+            known_dead
+                .iter()
+                .filter(|t| self.seen_live.contains(*t))
+                .cloned()
                 .collect(),
         );
-        // Each ready, unburied peer's suspects (distinct node ids: a
-        // restarted peer is one voice).
-        let self_id = &chitchat.self_chitchat_id().node_id;
-        let mut voices: BTreeMap<Arc<str>, Vec<Tombstone>> = BTreeMap::new();
-        if !suspects.is_empty() {
+        let ready = |id: &ChitchatId| {
+            chitchat
+                .node_state(id)
+                .and_then(|s| s.get(STATE))
+                .is_some_and(|s| s == Lifecycle::Ready.name())
+        };
+        // The voices: each ready peer's suspects, from its newest
+        // generation only (a restarted peer is one voice), leaving out
+        // any peer buried by anyone (a node back from a cut still gossips
+        // what it suspected while cut off).
+        let self_cc = chitchat.self_chitchat_id();
+        let mut voices: BTreeMap<Arc<str>, (u64, Vec<Tombstone>)> = BTreeMap::new();
+        if !known_dead.is_empty() {
+            let mut buried = self.published.clone();
             for id in chitchat.live_nodes() {
-                if id.node_id == *self_id || self.published.contains(&pair(id)) {
+                if let Some(list) = chitchat.node_state(id).and_then(|s| s.get(DEAD)) {
+                    buried.extend(parse_tombstones(list));
+                }
+            }
+            for id in chitchat.live_nodes() {
+                if id.node_id == self_cc.node_id || buried.contains(&pair(id)) || !ready(id) {
                     continue;
                 }
-                let Some(state) = chitchat.node_state(id) else {
+                let Some(list) = chitchat.node_state(id).and_then(|s| s.get(SUSPECTS)) else {
                     continue;
                 };
-                if state.get(STATE) != Some(Lifecycle::Ready.name()) {
-                    continue;
-                }
-                if let Some(list) = state.get(SUSPECTS) {
-                    voices
-                        .entry(id.node_id.clone())
-                        .or_default()
-                        .extend(parse_tombstones(list));
+                let newer = voices
+                    .get(&id.node_id)
+                    .is_none_or(|(g, _)| *g < id.generation_id);
+                if newer {
+                    voices.insert(
+                        id.node_id.clone(),
+                        (id.generation_id, parse_tombstones(list)),
+                    );
                 }
             }
         }
-        let corroborated = suspects.iter().filter(|t| {
+        // This node's own vote: when ready, for a member it saw die — or
+        // one it knows only as dead (it joined or rejoined after the
+        // death) that a peer saw die; otherwise a majority that took a
+        // member's keys over could never bury it.
+        let self_ready = ready(self_cc);
+        let corroborated = known_dead.iter().filter(|t| {
             let others = voices
                 .iter()
-                .filter(|(voter, list)| **voter != t.0 && list.contains(t))
+                .filter(|(voter, (_, list))| **voter != t.0 && list.contains(t))
                 .count();
-            (1 + others) * 2 > size
+            let mine = self_ready && (suspects.contains(*t) || others > 0);
+            (usize::from(mine) + others) * 2 > size
         });
         let dead = newest(
             corroborated

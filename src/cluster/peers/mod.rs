@@ -172,8 +172,9 @@ impl Peers {
             if !keep {
                 p.stop.cancel();
                 if find(id).is_none() {
-                    // Gone: its last offset is no one's clock any more.
-                    self.inner.metrics.forget_clock(id);
+                    // Gone: its last offset and breaker state are no
+                    // one's any more.
+                    self.inner.metrics.forget_peer(id);
                 }
             }
             keep
