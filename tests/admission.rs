@@ -271,3 +271,39 @@ async fn an_http_body_beyond_max_message_bytes_is_refused_naming_the_field() {
     let (status, _, body) = http_check(&n, &json_check("small")).await;
     assert_eq!((status, &body["remaining"]), (200, &serde_json::json!(9)));
 }
+
+/// A body that cannot be read (here malformed chunked encoding) is a bad
+/// request naming `body`, not a body too large; nothing is decided or
+/// counted as a size refusal.
+#[tokio::test]
+async fn an_unreadable_http_body_is_a_bad_request_not_too_large() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let n = start(config()).await;
+    let mut tcp = tokio::net::TcpStream::connect(n.node.http_addr)
+        .await
+        .unwrap();
+    tcp.write_all(
+        b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Transfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut buf))
+        .await
+        .expect("the server answers and closes")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.contains(r#""field":"body""#), "{text}");
+    assert!(text.contains("could not be read"), "{text}");
+    assert_eq!(
+        n.node
+            .limiter
+            .metrics()
+            .resources
+            .exhausted_count("message_bytes"),
+        0
+    );
+    assert!(n.node.limiter.store().is_empty());
+}

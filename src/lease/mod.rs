@@ -105,10 +105,10 @@ impl Table {
         *e = (e.0.saturating_add(tokens), id);
         self.order.push_back((key.clone(), id));
         while self.order.len() > bound {
-            if let Some((k, id)) = self.order.pop_front() {
-                if self.settled.get(&k).is_some_and(|(_, i)| *i == id) {
-                    self.settled.remove(&k);
-                }
+            if let Some((k, id)) = self.order.pop_front()
+                && self.settled.get(&k).is_some_and(|(_, i)| *i == id)
+            {
+                self.settled.remove(&k);
             }
         }
     }
@@ -306,7 +306,7 @@ impl Leases {
         let Some(p) = table.pending.get_mut(&report.key) else {
             return;
         };
-        if !p.in_flight.as_ref().is_some_and(|r| r.seq == report.seq) {
+        if p.in_flight.as_ref().is_none_or(|r| r.seq != report.seq) {
             return;
         }
         p.in_flight = None;

@@ -184,13 +184,19 @@ fn overloaded(families: Families, e: &Overloaded) -> axum::response::Response {
 async fn check(State(s): State<AppState>, body: axum::body::Body) -> axum::response::Response {
     // Read at most the bound: a larger body is refused, not buffered.
     let max = s.limits.max_message_bytes;
-    let Ok(body) = axum::body::to_bytes(body, max).await else {
-        s.limiter.metrics().resources.exhausted("message_bytes");
-        return refused(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body",
-            format!("body: at most {max} bytes (limits.max_message_bytes)"),
-        );
+    let body = match axum::body::to_bytes(body, max).await {
+        Ok(body) => body,
+        Err(e) if beyond_limit(&e) => {
+            s.limiter.metrics().resources.exhausted("message_bytes");
+            return refused(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body",
+                format!("body: at most {max} bytes (limits.max_message_bytes)"),
+            );
+        }
+        // A body that could not be read (malformed chunked encoding, a
+        // connection error) is the client's fault, not a size: 400.
+        Err(e) => return invalid("body", format!("body: could not be read: {e}")),
     };
     let _admitted = match s.admission.admit() {
         Ok(admitted) => admitted,
@@ -259,4 +265,17 @@ async fn check(State(s): State<AppState>, body: axum::body::Body) -> axum::respo
         "owner": w.owner,
     });
     (code, head, axum::Json(body)).into_response()
+}
+
+/// Whether reading a body failed because it passed the length limit (and
+/// not for another reason), from the error's source chain.
+fn beyond_limit(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
 }
