@@ -30,6 +30,13 @@ enum AdminCommand {
         by: String,
         #[arg(long, default_value_t = 10)]
         count: u32,
+        /// Refresh the list in place until Ctrl-C (a table, the screen
+        /// cleared each time).
+        #[arg(long)]
+        watch: bool,
+        /// How often `--watch` refreshes.
+        #[arg(long, default_value_t = 1000, requires = "watch")]
+        interval_ms: u64,
     },
 }
 
@@ -77,25 +84,83 @@ pub async fn run(args: AdminArgs) -> CliResult {
                 _ => println!("not in memory (a fresh key)"),
             }
         }
-        AdminCommand::Top { by, count } => {
-            let by = if by == "refusals" {
+        AdminCommand::Top {
+            by,
+            count,
+            watch,
+            interval_ms,
+        } => {
+            let by_name = by;
+            let by = if by_name == "refusals" {
                 pb::TopBy::Refusals
             } else {
                 pb::TopBy::Hits
             };
-            let r = client
-                .top_keys(pb::TopKeysRequest {
-                    by: by as i32,
-                    count,
-                })
-                .await?
-                .into_inner();
-            for s in r.keys {
-                println!("{}", describe(&s));
+            let request = pb::TopKeysRequest {
+                by: by as i32,
+                count,
+            };
+            if !watch {
+                let r = client.top_keys(request).await?.into_inner();
+                for s in r.keys {
+                    println!("{}", describe(&s));
+                }
+                return Ok(());
+            }
+            let every = std::time::Duration::from_millis(interval_ms.max(100));
+            let stop = tokio::signal::ctrl_c();
+            tokio::pin!(stop);
+            loop {
+                let keys = client.top_keys(request).await?.into_inner().keys;
+                let title = format!(
+                    "sluice admin top --by {by_name}  {}  every {} ms, Ctrl-C to stop",
+                    args.addr,
+                    every.as_millis()
+                );
+                // Clear the screen and home the cursor, then the table.
+                print!("\x1b[2J\x1b[H{}", table(&title, &keys));
+                use std::io::Write;
+                std::io::stdout().flush()?;
+                tokio::select! {
+                    _ = &mut stop => break,
+                    () = tokio::time::sleep(every) => {}
+                }
             }
         }
     }
     Ok(())
+}
+
+/// The watch view: one row per key. Names and keys are client data: any
+/// control character is shown escaped, so a key cannot drive the terminal.
+fn table(title: &str, keys: &[pb::KeyState]) -> String {
+    let clean = |s: &str| -> String {
+        s.chars()
+            .flat_map(|c| match c.is_control() {
+                true => c.escape_default().collect::<Vec<_>>(),
+                false => vec![c],
+            })
+            .collect()
+    };
+    let mut out = format!(
+        "{title}\n\n{:<20} {:<40} {:>12} {:>10} {:>16}\n",
+        "NAME", "KEY", "HITS", "REFUSALS", "REMAINING"
+    );
+    for s in keys {
+        let key = s.key.clone().unwrap_or_default();
+        out.push_str(&format!(
+            "{:<20} {:<40} {:>12} {:>10} {:>16}\n",
+            clean(&key.name),
+            clean(&key.unique_key),
+            s.hits,
+            s.refusals,
+            format!("{}/{}", s.remaining, s.limit)
+        ));
+    }
+    if keys.is_empty() {
+        out.push_str("(no keys yet)\n");
+    }
+    out
 }
 
 fn describe(s: &pb::KeyState) -> String {
@@ -118,4 +183,28 @@ fn describe(s: &pb::KeyState) -> String {
         "{}/{}  {algorithm} {} per {period} (burst {})  remaining {}  hits {}  refusals {}  reset_gen {}",
         key.name, key.unique_key, s.limit, s.burst, s.remaining, s.hits, s.refusals, s.reset_gen
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_watch_table_escapes_control_characters() {
+        let s = pb::KeyState {
+            key: Some(pb::KeyRef {
+                name: "api".into(),
+                unique_key: "evil\x1b[2Jkey".into(),
+            }),
+            hits: 7,
+            refusals: 2,
+            remaining: 0,
+            limit: 5,
+            ..Default::default()
+        };
+        let t = table("t", &[s]);
+        assert!(!t.contains('\x1b'));
+        assert!(t.contains("evil\\u{1b}[2Jkey"));
+        assert!(t.contains("0/5"));
+    }
 }

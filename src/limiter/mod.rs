@@ -23,9 +23,11 @@ mod fallback;
 mod forward;
 mod holdings;
 mod owner;
+mod rates;
 mod replicate;
 mod reports;
 mod route;
+mod status;
 mod tiered;
 pub mod transfer;
 mod types;
@@ -34,6 +36,7 @@ pub use envoy::{Descriptor, DescriptorOutcome};
 pub use holdings::Page;
 pub use owner::ForwardedItem;
 pub use replicate::Handoff;
+pub use status::NodeStatus;
 
 use std::sync::Arc;
 
@@ -157,6 +160,8 @@ struct Shared {
     leases: Leases,
     tiers: tiered::Tiers,
     settings: ClusterSettings,
+    /// Decisions by status and path, sampled once a second (`rates.rs`).
+    rates: rates::Rates,
 }
 
 /// A check resolved against the policies: what to decide and how to report it.
@@ -190,6 +195,7 @@ impl Limiter {
                 leases: parts.leases,
                 tiers: tiered::Tiers::new(parts.settings.tiered_max_keys, parts.settings.tiered),
                 settings: parts.settings,
+                rates: rates::Rates::new(),
             }),
         }
     }

@@ -167,6 +167,9 @@ impl Limiter {
             let t = self.shared.topology.load_full();
             out[i] = Some(Ok(self.fallback(&r, &t, false)));
         }
+        for v in out.iter().flatten().flatten() {
+            self.shared.rates.count(v.status, v.path);
+        }
         out.into_iter()
             .map(|v| v.unwrap_or_else(|| Err(ItemError::new("request", "not decided"))))
             .collect()

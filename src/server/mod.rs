@@ -313,10 +313,15 @@ impl Node {
             limiter.clone(),
             admin,
             peer,
-            OperatorAuth::new(admin_token, secret),
+            OperatorAuth::new(admin_token.clone(), secret),
             &readiness,
             admission.clone(),
-        )?;
+        )?
+        .with_status(crate::service::status::router(
+            limiter.clone(),
+            membership.clone(),
+            admin_token.clone(),
+        ));
         let grpc = crate::service::listener::Listener {
             name: "grpc",
             listener: grpc,
@@ -380,6 +385,13 @@ impl Node {
                 tracing::error!(error = %e, "HTTP admin server failed");
             }
         });
+        // The status page's decision rates: one sample a second.
+        limiter.sample_rates();
+        let sampled = limiter.clone();
+        tasks.spawn(every(Duration::from_secs(1), shutdown.clone(), move || {
+            sampled.sample_rates();
+            std::future::ready(())
+        }));
         // Steer the clock toward the wall clock, a little at a time.
         let steered = clock_handle.clone();
         tasks.spawn(every(Duration::from_secs(1), shutdown.clone(), move || {

@@ -77,6 +77,8 @@ pub struct Services {
     max_streams: u32,
     idle_timeout: std::time::Duration,
     resources: Arc<Resources>,
+    /// The status page's routes (`status`), for the admin listener.
+    status: Option<axum::Router>,
 }
 
 impl Services {
@@ -121,7 +123,18 @@ impl Services {
             max_streams: config.limits.max_concurrent_streams,
             idle_timeout: config.limits.idle_connection_timeout,
             resources: limiter.metrics().resources.clone(),
+            status: None,
         })
+    }
+
+    /// Serve the status page (`GET /`, `GET /status`) on the admin
+    /// listener, over HTTP/1.1 beside its gRPC: a browser speaks HTTP/1.1,
+    /// and the page needs no port of its own (nodes on one host would
+    /// need one each), nor another bound or idle timeout — the admin
+    /// listener's apply.
+    pub fn with_status(mut self, router: axum::Router) -> Services {
+        self.status = Some(router);
+        self
     }
 
     /// Serve `api` on `listener` (over TLS when `tls` is given) until
@@ -141,7 +154,12 @@ impl Services {
         };
         let resources = self.resources.clone();
         let (ping_every, ping_ack_within) = keepalive(self.idle_timeout);
+        let status = match api {
+            Api::Admin => self.status.clone(),
+            _ => None,
+        };
         let mut builder = tonic::transport::Server::builder()
+            .accept_http1(status.is_some())
             .tcp_nodelay(true)
             .max_concurrent_streams(self.max_streams)
             // A dead peer's connection is closed even with a call in
@@ -155,7 +173,8 @@ impl Services {
                     exhausted_not_out_of_range(r, &resources)
                 },
             ));
-        let mut router = builder.add_service(self.health.clone());
+        let routes = status.map(tonic::service::Routes::from).unwrap_or_default();
+        let mut router = builder.add_routes(routes).add_service(self.health.clone());
         if matches!(api, Api::All | Api::Public) {
             router = router
                 .add_service(reflection().build_v1()?)

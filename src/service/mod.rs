@@ -24,5 +24,6 @@ pub mod listener;
 pub mod operator;
 pub mod peer;
 pub mod readiness;
+pub mod status;
 pub mod v1;
 pub mod wire;

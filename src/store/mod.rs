@@ -20,8 +20,10 @@ mod entry;
 mod evict;
 pub mod key;
 mod replication;
+mod top;
+mod types;
 
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -33,92 +35,9 @@ pub use collector::StoreCollector;
 pub use entry::{Entry, INLINE_BYTES, Snapshot, View};
 use replication::ChangeQueue;
 pub use replication::Changed;
+pub use types::{Absorbed, Fence, Holding, Report, Seed, Stale, StoreStats, TopBy};
 
 use crate::algorithm::{Cost, Decision, Nanos, Spec};
-
-/// How a key not in memory starts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Seed {
-    /// Nothing consumed (a key nobody has seen).
-    Fresh,
-    /// This many whole tokens already consumed, at the decision's time (a
-    /// lease on a key its edge never saw starts empty).
-    Consumed(u64),
-}
-
-/// The view a decision was routed under is no longer this node's (or the
-/// node may have been away since): nothing was changed; route it again.
-/// See [`Store::set_fence`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Stale;
-
-/// What an owner's change must still hold, checked under the key's lock.
-#[derive(Clone, Copy)]
-pub struct Fence<'a> {
-    /// The view the change was routed under.
-    pub view: u64,
-    /// Whether this node may still own keys — read under the lock, so a
-    /// decision routed before the process was stopped, and made after it
-    /// resumed, sees the pause (its gossip loop has not run since).
-    pub present: &'a (dyn Fn() -> bool + Sync),
-}
-
-impl std::fmt::Debug for Fence<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Fence").field("view", &self.view).finish()
-    }
-}
-
-/// What became of an edge's report of lease spending.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Absorbed {
-    Applied,
-    /// Already applied (a retry): not counted again.
-    Duplicate,
-    /// Spent before the key's last reset: dropped.
-    BeforeReset,
-}
-
-/// How a merged state is held here.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Holding {
-    /// As the key's count: a holder passed its own count on to this node,
-    /// the owner, in the ownership transfer.
-    Owned,
-    /// As a copy (a replica, a handoff, or a holder's own copy): a new entry
-    /// is a copy, an existing one stays what it was.
-    Copy,
-}
-
-/// One report of lease spending, as the owner absorbs it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Report<'a> {
-    pub edge: &'a str,
-    pub seq: u64,
-    pub hits: u64,
-    pub at: Nanos,
-    /// The key's reset generation the edge spent under (None: a peer too
-    /// old to say, applied as before).
-    pub reset_gen: Option<u64>,
-}
-
-/// What to rank top keys by.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TopBy {
-    Hits,
-    Refusals,
-}
-
-/// Counters the store keeps about itself.
-#[derive(Debug, Default)]
-pub struct StoreStats {
-    /// Keys evicted, for either bound.
-    pub evictions: AtomicU64,
-    /// Of `evictions`, those made for the byte budget (the keys were
-    /// within `max_keys`).
-    pub memory_evictions: AtomicU64,
-    pub expired: AtomicU64,
-}
 
 /// Keys come from clients, so the map's hasher is seeded randomly per process
 /// (flooding one bucket needs the seed); foldhash is several times faster
@@ -151,6 +70,8 @@ pub struct Store {
     /// this, a cohort of half-used keys would be evicted among themselves
     /// while a flood of nearly fresh keys waits further along.
     typical_victim: AtomicU64,
+    /// Top keys by hits and by refusals, fed by decisions (`top.rs`).
+    top: top::TopKeys,
 }
 
 impl Store {
@@ -180,6 +101,7 @@ impl Store {
             fence: AtomicU64::new(0),
             replicating: std::sync::atomic::AtomicBool::new(false),
             typical_victim: AtomicU64::new(0),
+            top: top::TopKeys::new(top::DEFAULT_K),
         }
     }
 
@@ -256,12 +178,19 @@ impl Store {
     ) -> Result<Decision, Stale> {
         if let Some(mut e) = self.map.get_mut(key) {
             self.fenced(fence)?;
+            let before = counts(&e);
             let (decision, grew) = self.metered(key.len(), &mut e, |e| e.decide(spec, req, now));
+            let after = counts(&e);
+            // The key's Arc is cloned only when the rankings need it.
+            let ranked = self.top.due(before, after).then(|| e.key().clone());
             if req.hits > 0 {
                 let (k, v) = e.pair_mut();
                 self.changed(k, v);
             }
             drop(e);
+            if let Some(k) = ranked {
+                self.top.record(&k, before, after);
+            }
             self.after_growth(grew, now);
             return Ok(decision);
         }
@@ -275,24 +204,30 @@ impl Store {
         }
         self.make_room(now, key.len());
         let key: Arc<[u8]> = Arc::from(key);
-        let (decision, created, grew) = match self.map.entry(key.clone()) {
+        let (decision, created, grew, before, after) = match self.map.entry(key.clone()) {
             MapEntry::Occupied(mut o) => {
                 self.fenced(fence)?;
                 let e = o.get_mut();
+                let before = counts(e);
                 let (decision, grew) = self.metered(key.len(), e, |e| e.decide(spec, req, now));
                 self.changed(&key, e);
-                (decision, false, grew)
+                (decision, false, grew, before, counts(e))
             }
             MapEntry::Vacant(v) => {
                 self.fenced(fence)?;
                 let mut e = fresh(spec);
+                let before = counts(&e);
                 let decision = e.decide(spec, req, now);
                 self.changed(&key, &mut e);
                 self.charge(key.len(), &e);
+                let after = counts(&e);
                 v.insert(e);
-                (decision, true, true)
+                (decision, true, true, before, after)
             }
         };
+        if self.top.due(before, after) {
+            self.top.record(&key, before, after);
+        }
         if created {
             self.inserted(key);
         }
@@ -445,6 +380,7 @@ impl Store {
         if let Some((k, e)) = self.map.remove(key) {
             self.discharge(k.len(), &e);
             self.count.fetch_sub(1, Ordering::Relaxed);
+            self.top.forget(&k, counts(&e));
         }
     }
 
@@ -587,32 +523,6 @@ impl Store {
         self.map.get(key).map(|e| e.view(now))
     }
 
-    /// The `n` keys with the most hits (or refusals), most first. Scans the
-    /// table: an operator's query, not a hot path.
-    pub fn top(&self, by: TopBy, n: usize, now: Nanos) -> Vec<(Arc<[u8]>, View)> {
-        let metric = |e: &Entry| match by {
-            TopBy::Hits => e.hits(),
-            TopBy::Refusals => e.refusals(),
-        };
-        // A min-heap of the best n so far, on (metric, key) for a stable order.
-        let mut heap: BinaryHeap<std::cmp::Reverse<(u64, Arc<[u8]>)>> = BinaryHeap::new();
-        for item in self.map.iter() {
-            let m = metric(item.value());
-            if m == 0 {
-                continue;
-            }
-            heap.push(std::cmp::Reverse((m, item.key().clone())));
-            if heap.len() > n {
-                heap.pop();
-            }
-        }
-        let mut best: Vec<_> = heap.into_iter().map(|r| r.0).collect();
-        best.sort_by(|a, b| b.cmp(a));
-        best.into_iter()
-            .filter_map(|(_, k)| self.map.get(&k).map(|e| (k.clone(), e.view(now))))
-            .collect()
-    }
-
     /// Remove every key whose state is back to fresh. Returns how many.
     pub fn sweep(&self, now: Nanos) -> usize {
         let mut removed = 0;
@@ -629,8 +539,16 @@ impl Store {
             .expired
             .fetch_add(removed as u64, Ordering::Relaxed);
         self.compact_evict_queue();
+        if removed > 0 {
+            self.top.retain(|k| self.map.contains_key(k));
+        }
         removed
     }
+}
+
+/// An entry's `(hits, refusals)`, as the top-key rankings count them.
+fn counts(e: &Entry) -> top::Counts {
+    (e.hits(), e.refusals())
 }
 
 #[cfg(test)]

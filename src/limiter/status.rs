@@ -1,0 +1,181 @@
+//! What the status page shows, gathered in one place: the members as this
+//! node sees them (with its breaker for each peer), `N` and minority, the
+//! ownership transfer's progress, replication lag, decision rates over the
+//! last minute and the top keys. Plain data, serialized as the `/status`
+//! JSON; the service layer only authenticates and serves it.
+
+use serde::Serialize;
+
+use super::Limiter;
+use crate::cluster::breaker::State as BreakerState;
+use crate::cluster::membership::ClusterView;
+use crate::store::TopBy;
+
+pub use super::rates::RateSummary;
+
+/// One node's view of the cluster and of its own work.
+#[derive(Clone, Debug, Serialize)]
+pub struct NodeStatus {
+    pub node_id: String,
+    pub version: &'static str,
+    pub ring_epoch: u64,
+    /// This node's view number (one more per ring change).
+    pub view: u64,
+    /// `N`: the remembered cluster size shares and leases are sized by.
+    pub cluster_size: usize,
+    /// Members this node must see to be in the majority.
+    pub majority: usize,
+    /// Seeing fewer than a majority of `N`: every key on leases.
+    pub minority: bool,
+    pub members: Vec<MemberStatus>,
+    pub transfer: TransferView,
+    /// How far this node's replicas were behind at the last round (µs).
+    pub replication_lag_us: i64,
+    /// Changes waiting to be replicated.
+    pub replication_pending: i64,
+    pub rates: RateSummary,
+    pub keys_in_memory: usize,
+    pub top_by_hits: Vec<TopKey>,
+    pub top_by_refusals: Vec<TopKey>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct MemberStatus {
+    pub node_id: String,
+    pub is_self: bool,
+    pub state: &'static str,
+    pub generation: u64,
+    pub in_ring: bool,
+    /// Percent of the hash space this member owns.
+    pub ring_share_pct: f64,
+    pub protocol: u32,
+    pub version: String,
+    pub grpc_addr: String,
+    /// This node's breaker for the member (None: itself, or no calls yet).
+    pub breaker: Option<&'static str>,
+}
+
+/// The transfer of keys to this node after its last ring change.
+#[derive(Clone, Debug, Serialize)]
+pub struct TransferView {
+    pub view: u64,
+    pub complete: bool,
+    pub sources: Vec<TransferSource>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TransferSource {
+    pub node_id: String,
+    /// pending, done, unreachable, legacy — or stalled (silent past
+    /// `handoff_timeout`).
+    pub standing: &'static str,
+    pub received: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TopKey {
+    pub name: String,
+    pub key: String,
+    pub hits: u64,
+    pub refusals: u64,
+    pub remaining: u64,
+    pub limit: u64,
+}
+
+fn breaker_name(s: BreakerState) -> &'static str {
+    match s {
+        BreakerState::Closed => "closed",
+        BreakerState::HalfOpen => "half-open",
+        BreakerState::Open => "open",
+    }
+}
+
+impl Limiter {
+    /// Sample the decision and forward totals (once a second; see
+    /// `rates.rs`).
+    pub fn sample_rates(&self) {
+        self.shared.rates.sample(self.forwards());
+    }
+
+    fn forwards(&self) -> (f64, u64) {
+        let m = &self.shared.metrics.cluster;
+        let micros = m.forward_micros.load(std::sync::atomic::Ordering::Relaxed);
+        (
+            micros as f64 / 1e6,
+            m.forward_count.load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
+    /// The status page's data under `view`, with the top `n` keys.
+    pub fn status(&self, view: &ClusterView, n: usize) -> NodeStatus {
+        let t = self.shared.topology.load_full();
+        let shares: std::collections::HashMap<_, _> = view.ring.shares().into_iter().collect();
+        let breakers: std::collections::HashMap<_, _> =
+            self.shared.peers.breakers().into_iter().collect();
+        let members = view
+            .members
+            .iter()
+            .map(|m| MemberStatus {
+                node_id: m.node_id.to_string(),
+                is_self: m.node_id == view.self_id,
+                state: m.state.name(),
+                generation: m.generation,
+                in_ring: view.ring.member(&m.node_id).is_some(),
+                ring_share_pct: shares.get(&m.node_id).copied().unwrap_or(0.0) * 100.0,
+                protocol: m.protocol,
+                version: m.version.clone(),
+                grpc_addr: m.grpc_addr.clone(),
+                breaker: breakers.get(&m.node_id).map(|b| breaker_name(*b)),
+            })
+            .collect();
+        let transfer = self.transfer_status();
+        let transfer = TransferView {
+            view: transfer.view,
+            complete: transfer.complete,
+            sources: transfer
+                .members
+                .into_iter()
+                .map(|(id, p, stalled)| TransferSource {
+                    node_id: id.to_string(),
+                    standing: if stalled {
+                        "stalled"
+                    } else {
+                        p.standing.name()
+                    },
+                    received: p.received,
+                })
+                .collect(),
+        };
+        let m = &self.shared.metrics.cluster;
+        let top = |by| {
+            self.top(by, n)
+                .into_iter()
+                .map(|(name, key, v)| TopKey {
+                    name,
+                    key,
+                    hits: v.hits,
+                    refusals: v.refusals,
+                    remaining: v.remaining,
+                    limit: v.spec.limit(),
+                })
+                .collect()
+        };
+        NodeStatus {
+            node_id: view.self_id.to_string(),
+            version: env!("CARGO_PKG_VERSION"),
+            ring_epoch: view.ring.epoch(),
+            view: t.view,
+            cluster_size: t.size as usize,
+            majority: t.size as usize / 2 + 1,
+            minority: t.minority,
+            members,
+            transfer,
+            replication_lag_us: m.replication_lag.get(),
+            replication_pending: m.replication_pending.get(),
+            rates: self.shared.rates.summary(self.forwards()),
+            keys_in_memory: self.shared.store.len(),
+            top_by_hits: top(TopBy::Hits),
+            top_by_refusals: top(TopBy::Refusals),
+        }
+    }
+}

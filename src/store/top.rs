@@ -1,0 +1,221 @@
+//! Top keys by hits and by refusals, kept as decisions are made.
+//!
+//! An operator's status page asks for the top keys every two seconds; a
+//! scan of a table of millions of keys per refresh would cost more than
+//! the decisions it reports on. So each ranking keeps a bounded set of
+//! candidates (`2 × k`), fed from the decision path:
+//!
+//! - While the set is full, `floor` is the lowest count a candidate was
+//!   recorded at. A key whose count is at or below it cannot get in: the
+//!   decision pays one relaxed load and a compare, nothing else.
+//! - A key above the floor takes the ranking's lock when its count crosses
+//!   the floor or a multiple of [`GRANULARITY`] — about once per 64 of its
+//!   hits, however many threads decide it — so a hot key does not
+//!   serialize its decisions on one mutex.
+//! - A recorded count lags the key's count by less than the granularity
+//!   (plus one request's hits). Reads rank the candidates by the store's
+//!   live counts, and drop the ones no longer in the store; so whenever the
+//!   keys' counts are more than the granularity apart, the reported top `k`
+//!   is the exact top `k` (`top_tests.rs` checks it by property).
+//!
+//! An evicted or removed key leaves the rankings; a sweep drops the
+//! candidates the store no longer holds.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::{Hasher, Store, TopBy, View};
+use crate::algorithm::Nanos;
+
+/// A candidate's recorded count is refreshed when its count crosses a
+/// multiple of this.
+pub const GRANULARITY: u64 = 64;
+/// Keys each ranking reports exactly (it keeps twice as many candidates).
+pub const DEFAULT_K: usize = 100;
+
+/// The two rankings of one store.
+#[derive(Debug)]
+pub struct TopKeys {
+    hits: Ranking,
+    refusals: Ranking,
+}
+
+/// A key's `(hits, refusals)` before and after a change.
+pub type Counts = (u64, u64);
+
+impl TopKeys {
+    /// Rankings that report the top `k` exactly (`2 × k` candidates each).
+    pub fn new(k: usize) -> TopKeys {
+        TopKeys {
+            hits: Ranking::new(2 * k.max(1)),
+            refusals: Ranking::new(2 * k.max(1)),
+        }
+    }
+
+    /// Whether a key whose counts went from `before` to `after` must be
+    /// recorded (the hot path's whole cost when it need not: a relaxed
+    /// load and a compare per ranking whose count changed).
+    #[inline]
+    pub fn due(&self, before: Counts, after: Counts) -> bool {
+        self.hits.due(before.0, after.0) || self.refusals.due(before.1, after.1)
+    }
+
+    /// Record the key's counts in the rankings it is due in.
+    pub fn record(&self, key: &Arc<[u8]>, before: Counts, after: Counts) {
+        if self.hits.due(before.0, after.0) {
+            self.hits.update(key, after.0);
+        }
+        if self.refusals.due(before.1, after.1) {
+            self.refusals.update(key, after.1);
+        }
+    }
+
+    /// A key left the store (evicted or removed) with these counts.
+    pub fn forget(&self, key: &[u8], counts: Counts) {
+        self.hits.forget(key, counts.0);
+        self.refusals.forget(key, counts.1);
+    }
+
+    /// Keep only the candidates `keep` says are still in the store.
+    pub fn retain(&self, keep: impl Fn(&[u8]) -> bool) {
+        for ranking in [&self.hits, &self.refusals] {
+            let gone: Vec<Arc<[u8]>> = ranking
+                .candidates()
+                .into_iter()
+                .filter(|(k, _)| !keep(k))
+                .map(|(k, _)| k)
+                .collect();
+            for k in gone {
+                ranking.forget(&k, u64::MAX);
+            }
+        }
+    }
+
+    /// The candidates by `by` with their recorded counts (unordered).
+    pub fn candidates(&self, by: TopBy) -> Vec<(Arc<[u8]>, u64)> {
+        match by {
+            TopBy::Hits => self.hits.candidates(),
+            TopBy::Refusals => self.refusals.candidates(),
+        }
+    }
+}
+
+/// One ranking: at most `capacity` candidates and their recorded counts.
+#[derive(Debug)]
+struct Ranking {
+    /// The lowest recorded count while the set is full; 0 while it is not.
+    floor: AtomicU64,
+    candidates: Mutex<HashMap<Arc<[u8]>, u64, Hasher>>,
+    capacity: usize,
+}
+
+impl Ranking {
+    fn new(capacity: usize) -> Ranking {
+        Ranking {
+            floor: AtomicU64::new(0),
+            candidates: Mutex::new(HashMap::with_capacity_and_hasher(
+                capacity + 1,
+                Hasher::default(),
+            )),
+            capacity,
+        }
+    }
+
+    #[inline]
+    fn due(&self, before: u64, after: u64) -> bool {
+        if after <= before {
+            return false;
+        }
+        let floor = self.floor.load(Ordering::Relaxed);
+        if after <= floor {
+            return false;
+        }
+        // Crossed the floor (it may just have got in), or a multiple of
+        // the granularity (its recorded count is refreshed).
+        before <= floor || before / GRANULARITY != after / GRANULARITY
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<Arc<[u8]>, u64, Hasher>> {
+        // A panic while holding it leaves a map that is still valid.
+        self.candidates.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn update(&self, key: &Arc<[u8]>, count: u64) {
+        let mut set = self.lock();
+        if let Some(c) = set.get_mut(&**key) {
+            *c = count;
+        } else if set.len() < self.capacity {
+            set.insert(key.clone(), count);
+        } else {
+            let Some((lowest, at)) = lowest(&set) else {
+                return;
+            };
+            if count <= at {
+                return;
+            }
+            set.remove(&lowest);
+            set.insert(key.clone(), count);
+        }
+        self.refloor(&set);
+    }
+
+    /// Drop `key` if it is a candidate; `count`: its last count, so a key
+    /// that cannot be one costs no lock.
+    fn forget(&self, key: &[u8], count: u64) {
+        if count == 0 || count < self.floor.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut set = self.lock();
+        if set.remove(key).is_some() {
+            self.refloor(&set);
+        }
+    }
+
+    fn refloor(&self, set: &HashMap<Arc<[u8]>, u64, Hasher>) {
+        let floor = match set.len() >= self.capacity {
+            true => lowest(set).map_or(0, |(_, c)| c),
+            false => 0,
+        };
+        self.floor.store(floor, Ordering::Relaxed);
+    }
+
+    fn candidates(&self) -> Vec<(Arc<[u8]>, u64)> {
+        self.lock().iter().map(|(k, c)| (k.clone(), *c)).collect()
+    }
+}
+
+/// The candidate with the lowest recorded count (a scan of at most
+/// `2 × k`: made only under the lock, at most once per granularity step).
+fn lowest(set: &HashMap<Arc<[u8]>, u64, Hasher>) -> Option<(Arc<[u8]>, u64)> {
+    set.iter()
+        .min_by_key(|(_, c)| **c)
+        .map(|(k, c)| (k.clone(), *c))
+}
+
+impl Store {
+    /// The `n` keys with the most hits (or refusals), most first, with at
+    /// most the rankings' `2 × k` candidates: ranked by their live counts,
+    /// keys no longer in memory left out. No scan of the table.
+    pub fn top(&self, by: TopBy, n: usize, now: Nanos) -> Vec<(Arc<[u8]>, View)> {
+        let mut best: Vec<(u64, Arc<[u8]>, View)> = self
+            .top
+            .candidates(by)
+            .into_iter()
+            .filter_map(|(k, _)| {
+                let v = self.map.get(&k)?.view(now);
+                let m = match by {
+                    TopBy::Hits => v.hits,
+                    TopBy::Refusals => v.refusals,
+                };
+                (m > 0).then_some((m, k, v))
+            })
+            .collect();
+        best.sort_by(|a, b| (b.0, &b.1).cmp(&(a.0, &a.1)));
+        best.into_iter().take(n).map(|(_, k, v)| (k, v)).collect()
+    }
+}
+
+#[cfg(test)]
+#[path = "top_tests.rs"]
+mod tests;

@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""The status page in a real browser: Debian's chromium, headless, against a
+real 3-node cluster of `sluice serve` processes.
+
+One key is refused (`sluice check` past its limit); the test finds the node
+whose /status ranks it (the key's owner, where it is decided), then loads
+that node's page as a browser would log in — HTTP Basic credentials in the
+URL (`http://operator:<token>@127.0.0.1:<admin port>/`) — and asserts by the
+DOM chromium dumps after the page's own fetch of /status has filled it
+(`--virtual-time-budget`): all three node ids, their ring shares as the
+JSON gives them, and the refused key. A screenshot of the same page is
+saved to docs/status.png (the README shows it) with --screenshot.
+
+Headless chromium honours Basic credentials in a top-level URL, and the
+page's fetch goes to `location.origin + "/status"` (a base URL with
+credentials is refused by fetch) and carries the cached Basic credentials:
+no token in a query string is needed, so none is accepted.
+
+Usage: tests/status_browser.py [path/to/sluice]   (installs Debian's
+`chromium` if it is not on PATH: needs root and apt)
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCREENSHOT = os.path.join(ROOT, "docs", "status.png")
+SECRET = "status-browser-secret"
+TOKEN = "status-browser-admin-token-0123456789"
+KEY = "abuser-203.0.113.7"
+
+
+def free_port(kind=socket.SOCK_STREAM):
+    s = socket.socket(socket.AF_INET, kind)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def await_(what, check, deadline):
+    until = time.time() + deadline
+    last = None
+    while time.time() < until:
+        try:
+            got = check()
+            if got:
+                return got
+        except Exception as e:  # a node not up yet
+            last = e
+        time.sleep(0.2)
+    raise SystemExit(f"FAIL: timed out waiting for {what} (last error: {last})")
+
+
+def status(node):
+    req = urllib.request.Request(f"http://{node['admin']}/status",
+                                 headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(req, timeout=2) as r:
+        return json.load(r)
+
+
+def chromium():
+    for name in ("chromium", "chromium-browser"):
+        path = shutil.which(name)
+        if path:
+            return path
+    print("installing Debian's chromium", flush=True)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium"],
+                   check=True, env=env)
+    return shutil.which("chromium")
+
+
+def browse(browser, url, *extra):
+    profile = tempfile.mkdtemp(prefix="sluice-chromium-")
+    try:
+        r = subprocess.run(
+            [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+             f"--user-data-dir={profile}", "--virtual-time-budget=5000", *extra, url],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120, text=True)
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    if r.returncode != 0:
+        raise SystemExit(f"FAIL: chromium exited {r.returncode}: {r.stderr[-2000:]}")
+    return r.stdout
+
+
+def main():
+    binary = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target", "release", "sluice")
+    started = time.time()
+    browser = chromium()
+    print(f"chromium: {browser} ({time.time() - started:.0f} s)", flush=True)
+    tmp = tempfile.mkdtemp(prefix="sluice-status-")
+    secret = os.path.join(tmp, "secret")
+    with open(secret, "w") as f:
+        f.write(SECRET + "\n")
+    gossip = [free_port(socket.SOCK_DGRAM) for _ in range(3)]
+    nodes, procs = [], []
+    try:
+        for i in range(3):
+            node = {"id": f"node-{i + 1}", "grpc": f"127.0.0.1:{free_port()}",
+                    "http": f"127.0.0.1:{free_port()}", "peer": f"127.0.0.1:{free_port()}",
+                    "admin": f"127.0.0.1:{free_port()}", "gossip": f"127.0.0.1:{gossip[i]}"}
+            token_file = os.path.join(tmp, f"admin-{i + 1}.token")
+            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT, 0o600)
+            os.write(fd, (TOKEN + "\n").encode())
+            os.close(fd)
+            env = dict(os.environ, RUST_LOG="warn",
+                       SLUICE_CLUSTER__GOSSIP_ADDR=node["gossip"],
+                       SLUICE_CLUSTER__PEER_ADDR=node["peer"],
+                       SLUICE_CLUSTER__SEEDS=json.dumps(
+                           [f"127.0.0.1:{g}" for j, g in enumerate(gossip) if j != i]),
+                       SLUICE_CLUSTER__SECRET_FILE=secret,
+                       SLUICE_ADMIN__ADDR=node["admin"],
+                       SLUICE_ADMIN__TOKEN_FILE=token_file)
+            log = open(os.path.join(tmp, f"{node['id']}.log"), "w")
+            procs.append(subprocess.Popen(
+                [binary, "serve", "--node-id", node["id"], "--grpc-addr", node["grpc"],
+                 "--http-addr", node["http"]], env=env, stdout=log, stderr=subprocess.STDOUT))
+            nodes.append(node)
+        ids = [n["id"] for n in nodes]
+        await_("every node to see three members in its ring",
+               lambda: all(sorted(m["node_id"] for m in status(n)["members"] if m["in_ring"]) == ids
+                           for n in nodes), 30)
+        # Refuse the key: limit 3, 6 checks.
+        subprocess.run([binary, "check", "--addr", nodes[0]["grpc"], "--name", "api", "--key", KEY,
+                        "--limit", "3", "--duration-ms", "600000", "-n", "6"],
+                       check=True, stdout=subprocess.DEVNULL)
+
+        def holder():
+            for n in nodes:
+                s = status(n)
+                if any(k["key"] == KEY for k in s["top_by_refusals"]):
+                    return n, s
+            return None
+        node, s = await_("a node to rank the refused key", holder, 15)
+        # Some refusals decided through that node too, so its rates (by
+        # status and path, counted where a check arrives) are not zero.
+        subprocess.run([binary, "check", "--addr", node["grpc"], "--name", "api", "--key", KEY,
+                        "--limit", "3", "--duration-ms", "600000", "-n", "4"],
+                       check=True, stdout=subprocess.DEVNULL)
+        shares = {m["node_id"]: f"{m['ring_share_pct']:.1f}%" for m in s["members"]}
+        print(f"{node['id']} ranks {KEY}; shares {shares}", flush=True)
+
+        host, port = node["admin"].split(":")
+        url = f"http://operator:{TOKEN}@{host}:{port}/"
+        t0 = time.time()
+        dom = browse(browser, url, "--dump-dom")
+        print(f"dump-dom: {time.time() - t0:.1f} s, {len(dom)} bytes", flush=True)
+        missing = [x for x in [*ids, *shares.values(), KEY] if x not in dom]
+        if missing:
+            raise SystemExit(f"FAIL: not in the rendered DOM: {missing}\n{dom[:4000]}")
+        if "status 401" in dom:
+            raise SystemExit("FAIL: the page's fetch was refused")
+        # Without credentials the page itself is refused.
+        try:
+            urllib.request.urlopen(f"http://{node['admin']}/", timeout=2)
+            raise SystemExit("FAIL: the page answered without credentials")
+        except urllib.error.HTTPError as e:
+            assert e.code == 401, e.code
+            assert 'Basic realm="sluice"' in e.headers.get("WWW-Authenticate", "")
+        os.makedirs(os.path.dirname(SCREENSHOT), exist_ok=True)
+        browse(browser, url, f"--screenshot={SCREENSHOT}", "--window-size=1200,900",
+               "--hide-scrollbars")
+        if not os.path.exists(SCREENSHOT) or os.path.getsize(SCREENSHOT) < 10_000:
+            raise SystemExit("FAIL: no screenshot")
+        print(f"OK: the status page renders all three members, their shares and the refused "
+              f"key in chromium; screenshot at {os.path.relpath(SCREENSHOT, ROOT)} "
+              f"({time.time() - started:.0f} s)")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
