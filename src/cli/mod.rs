@@ -91,13 +91,14 @@ pub struct Operator {
     #[arg(long, env = "SLUICE_CLUSTER__SECRET_FILE", global = true)]
     secret_file: Option<std::path::PathBuf>,
     /// The cluster CA (PEM), to reach a peer listener over mutual TLS.
-    #[arg(long, requires_all = ["cert", "key"], global = true)]
+    /// (`--tls-*`: `--key` is the limited key of `check` and `admin`.)
+    #[arg(long = "tls-ca", requires_all = ["cert", "key"], global = true)]
     ca: Option<std::path::PathBuf>,
     /// A certificate signed by the cluster CA (PEM).
-    #[arg(long, global = true)]
+    #[arg(long = "tls-cert", global = true)]
     cert: Option<std::path::PathBuf>,
     /// Its private key (PEM).
-    #[arg(long, global = true)]
+    #[arg(long = "tls-key", global = true)]
     key: Option<std::path::PathBuf>,
     /// The name the nodes' certificates carry.
     #[arg(long, default_value = "sluice-peer", global = true)]
@@ -227,10 +228,44 @@ async fn connect_with(
     if let Some(tls) = tls {
         endpoint = endpoint
             .tls_config(tls)
-            .map_err(|e| format!("--ca/--cert/--key: {e}"))?;
+            .map_err(|e| format!("--tls-ca/--tls-cert/--tls-key: {e}"))?;
     }
     Ok(endpoint
         .connect()
         .await
         .map_err(|e| format!("cannot connect to {url}: {e}"))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    /// clap checks a command's definition (no two arguments with one long
+    /// name) only in debug builds, and the tests run optimized: the global
+    /// TLS key once took `--key`, which `admin inspect` uses for the
+    /// limited key. Both must parse to what they name.
+    #[test]
+    fn admin_key_and_tls_key_are_different_flags() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+        let cli = super::Cli::try_parse_from([
+            "sluice",
+            "admin",
+            "inspect",
+            "--name",
+            "api",
+            "--key",
+            "alice",
+            "--tls-ca",
+            "ca.pem",
+            "--tls-cert",
+            "c.pem",
+            "--tls-key",
+            "k.pem",
+        ])
+        .unwrap();
+        let text = format!("{cli:?}");
+        assert!(text.contains(r#"unique_key: "alice""#), "{text}");
+        assert!(text.contains(r#"key: Some("k.pem")"#), "{text}");
+    }
 }
