@@ -19,7 +19,10 @@ async fn get(addr: std::net::SocketAddr, target: &str, headers: &str) -> (u16, S
         format!("GET {target} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{headers}\r\n");
     s.write_all(req.as_bytes()).await.unwrap();
     let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf))
+        .await
+        .expect("the node answers and closes")
+        .unwrap();
     let text = String::from_utf8_lossy(&buf).to_string();
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let status = head
@@ -170,6 +173,17 @@ async fn only_an_operator_sees_the_page_and_hostile_uris_get_4xx() {
         let (code, _, _) = get(addr, path, &bearer()).await;
         assert_eq!(code, 404, "{path}");
     }
+    // Over HTTP/1.1 the listener serves the page only: not the admin gRPC
+    // API (even with the token), so credentials a browser caches for the
+    // page can never drive a reset.
+    for path in ["/sluice.v1.Admin/ResetKey", "/grpc.health.v1.Health/Check"] {
+        let (code, _, _) = get(addr, path, &bearer()).await;
+        assert_eq!(code, 404, "{path} over HTTP/1.1");
+    }
+    // A credential longer than any token is refused before it is decoded.
+    let huge = encode(&format!("anyone:{}", "t".repeat(8 * 1024)));
+    let (code, _, _) = get(addr, "/status", &format!("Authorization: Basic {huge}\r\n")).await;
+    assert_eq!(code, 401, "an 11 KB credential");
     // The admin gRPC API on the same listener still works, and still
     // needs the token.
     let mut admin = nodes[0].admin().await;

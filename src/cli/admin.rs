@@ -111,7 +111,20 @@ pub async fn run(args: AdminArgs) -> CliResult {
             let stop = tokio::signal::ctrl_c();
             tokio::pin!(stop);
             loop {
-                let keys = client.top_keys(request).await?.into_inner().keys;
+                // Ctrl-C ends the watch even while a call hangs (listening
+                // for it replaced the default SIGINT handling), and a call
+                // gets a second at most beyond the interval.
+                let call = tokio::time::timeout(
+                    every + std::time::Duration::from_secs(1),
+                    client.top_keys(request),
+                );
+                let keys = tokio::select! {
+                    _ = &mut stop => break,
+                    answer = call => match answer {
+                        Ok(r) => r?.into_inner().keys,
+                        Err(_) => return Err(format!("top_keys: no answer from {} within {:?}", args.addr, every + std::time::Duration::from_secs(1)).into()),
+                    },
+                };
                 let title = format!(
                     "sluice admin top --by {by_name}  {}  every {} ms, Ctrl-C to stop",
                     args.addr,

@@ -142,7 +142,7 @@ impl Leases {
     pub fn new(max_keys: usize, max_memory: usize, seq_base: u64) -> Leases {
         Leases {
             inner: Arc::new(Inner {
-                seen: Store::bounded(max_keys, max_memory),
+                seen: Store::bounded(max_keys, max_memory).unranked(),
                 table: Mutex::new(Table::default()),
                 max_pending: max_keys.max(1),
                 seq: AtomicU64::new(seq_base),

@@ -168,6 +168,9 @@ impl Services {
             .http2_keepalive_timeout(Some(ping_ack_within))
             // Outermost: a call is in progress until its response ends.
             .layer(CountCallsLayer)
+            // HTTP/1.1 (accepted on the admin listener only) reaches the
+            // status page and nothing else.
+            .layer(super::status::PageOnlyOverHttp1Layer)
             .layer(tower::util::MapResponseLayer::new(
                 move |r: http::Response<tonic::body::Body>| {
                     exhausted_not_out_of_range(r, &resources)

@@ -105,6 +105,13 @@ impl Store {
         }
     }
 
+    /// This store keeps no top-key rankings (nobody asks it for its top
+    /// keys): its decisions skip even the rankings' one load.
+    pub fn unranked(mut self) -> Store {
+        self.top = top::TopKeys::off();
+        self
+    }
+
     /// Keys in memory.
     pub fn len(&self) -> usize {
         self.count.load(Ordering::Relaxed)
@@ -181,16 +188,17 @@ impl Store {
             let before = counts(&e);
             let (decision, grew) = self.metered(key.len(), &mut e, |e| e.decide(spec, req, now));
             let after = counts(&e);
-            // The key's Arc is cloned only when the rankings need it.
-            let ranked = self.top.due(before, after).then(|| e.key().clone());
+            // Recorded under the shard's lock, so an eviction or removal
+            // (which forgets the key after taking it out of the map) cannot
+            // fall in between and leave a key that is gone in the rankings.
+            if self.top.due(before, after) {
+                self.top.record(e.key(), before, after);
+            }
             if req.hits > 0 {
                 let (k, v) = e.pair_mut();
                 self.changed(k, v);
             }
             drop(e);
-            if let Some(k) = ranked {
-                self.top.record(&k, before, after);
-            }
             self.after_growth(grew, now);
             return Ok(decision);
         }
@@ -204,14 +212,18 @@ impl Store {
         }
         self.make_room(now, key.len());
         let key: Arc<[u8]> = Arc::from(key);
-        let (decision, created, grew, before, after) = match self.map.entry(key.clone()) {
+        let (decision, created, grew) = match self.map.entry(key.clone()) {
             MapEntry::Occupied(mut o) => {
                 self.fenced(fence)?;
                 let e = o.get_mut();
                 let before = counts(e);
                 let (decision, grew) = self.metered(key.len(), e, |e| e.decide(spec, req, now));
                 self.changed(&key, e);
-                (decision, false, grew, before, counts(e))
+                let after = counts(e);
+                if self.top.due(before, after) {
+                    self.top.record(&key, before, after);
+                }
+                (decision, false, grew)
             }
             MapEntry::Vacant(v) => {
                 self.fenced(fence)?;
@@ -221,13 +233,13 @@ impl Store {
                 self.changed(&key, &mut e);
                 self.charge(key.len(), &e);
                 let after = counts(&e);
-                v.insert(e);
-                (decision, true, true, before, after)
+                let _held = v.insert(e);
+                if self.top.due(before, after) {
+                    self.top.record(&key, before, after);
+                }
+                (decision, true, true)
             }
         };
-        if self.top.due(before, after) {
-            self.top.record(&key, before, after);
-        }
         if created {
             self.inserted(key);
         }

@@ -53,6 +53,20 @@ impl TopKeys {
         }
     }
 
+    /// No rankings: nothing is ever due (a store nobody asks for its top
+    /// keys, such as an edge's remembered answers).
+    pub fn off() -> TopKeys {
+        let off = || Ranking {
+            floor: Floor(AtomicU64::new(u64::MAX)),
+            candidates: Mutex::new(HashMap::with_hasher(Hasher::default())),
+            capacity: 0,
+        };
+        TopKeys {
+            hits: off(),
+            refusals: off(),
+        }
+    }
+
     /// Whether a key whose counts went from `before` to `after` must be
     /// recorded (the hot path's whole cost when it need not: a relaxed
     /// load and a compare per ranking whose count changed).
@@ -101,11 +115,17 @@ impl TopKeys {
     }
 }
 
+/// The floor on its own cache line: every decision reads it, and the
+/// ranking's lock and map beside it are written under contention.
+#[derive(Debug)]
+#[repr(align(128))]
+struct Floor(AtomicU64);
+
 /// One ranking: at most `capacity` candidates and their recorded counts.
 #[derive(Debug)]
 struct Ranking {
     /// The lowest recorded count while the set is full; 0 while it is not.
-    floor: AtomicU64,
+    floor: Floor,
     candidates: Mutex<HashMap<Arc<[u8]>, u64, Hasher>>,
     capacity: usize,
 }
@@ -113,7 +133,7 @@ struct Ranking {
 impl Ranking {
     fn new(capacity: usize) -> Ranking {
         Ranking {
-            floor: AtomicU64::new(0),
+            floor: Floor(AtomicU64::new(0)),
             candidates: Mutex::new(HashMap::with_capacity_and_hasher(
                 capacity + 1,
                 Hasher::default(),
@@ -127,7 +147,7 @@ impl Ranking {
         if after <= before {
             return false;
         }
-        let floor = self.floor.load(Ordering::Relaxed);
+        let floor = self.floor.0.load(Ordering::Relaxed);
         if after <= floor {
             return false;
         }
@@ -144,7 +164,8 @@ impl Ranking {
     fn update(&self, key: &Arc<[u8]>, count: u64) {
         let mut set = self.lock();
         if let Some(c) = set.get_mut(&**key) {
-            *c = count;
+            // Two threads may record one key out of order.
+            *c = (*c).max(count);
         } else if set.len() < self.capacity {
             set.insert(key.clone(), count);
         } else {
@@ -163,7 +184,7 @@ impl Ranking {
     /// Drop `key` if it is a candidate; `count`: its last count, so a key
     /// that cannot be one costs no lock.
     fn forget(&self, key: &[u8], count: u64) {
-        if count == 0 || count < self.floor.load(Ordering::Relaxed) {
+        if self.capacity == 0 || count == 0 || count < self.floor.0.load(Ordering::Relaxed) {
             return;
         }
         let mut set = self.lock();
@@ -177,7 +198,10 @@ impl Ranking {
             true => lowest(set).map_or(0, |(_, c)| c),
             false => 0,
         };
-        self.floor.store(floor, Ordering::Relaxed);
+        // Stored only when it moves: a store makes every core re-fetch it.
+        if self.floor.0.load(Ordering::Relaxed) != floor {
+            self.floor.0.store(floor, Ordering::Relaxed);
+        }
     }
 
     fn candidates(&self) -> Vec<(Arc<[u8]>, u64)> {
@@ -194,23 +218,43 @@ fn lowest(set: &HashMap<Arc<[u8]>, u64, Hasher>) -> Option<(Arc<[u8]>, u64)> {
 }
 
 impl Store {
-    /// The `n` keys with the most hits (or refusals), most first, with at
-    /// most the rankings' `2 × k` candidates: ranked by their live counts,
-    /// keys no longer in memory left out. No scan of the table.
+    /// The `n` keys with the most hits (or refusals), most first, among
+    /// the keys this node counts (not copies of counts kept elsewhere):
+    /// for `n` up to [`DEFAULT_K`] from the rankings' candidates, ranked by
+    /// their live counts — no scan of the table; candidates no longer in
+    /// memory are dropped from the rankings as they are found. A larger
+    /// `n` is an operator's rare query, answered by a scan.
     pub fn top(&self, by: TopBy, n: usize, now: Nanos) -> Vec<(Arc<[u8]>, View)> {
-        let mut best: Vec<(u64, Arc<[u8]>, View)> = self
-            .top
-            .candidates(by)
-            .into_iter()
-            .filter_map(|(k, _)| {
-                let v = self.map.get(&k)?.view(now);
-                let m = match by {
-                    TopBy::Hits => v.hits,
-                    TopBy::Refusals => v.refusals,
+        let metric = |v: &View| match by {
+            TopBy::Hits => v.hits,
+            TopBy::Refusals => v.refusals,
+        };
+        let mut best: Vec<(u64, Arc<[u8]>, View)> = Vec::new();
+        if n > DEFAULT_K {
+            for item in self.map.iter() {
+                if item.value().is_copy() {
+                    continue;
+                }
+                let v = item.value().view(now);
+                best.push((metric(&v), item.key().clone(), v));
+            }
+        } else {
+            let mut gone = Vec::new();
+            for (k, _) in self.top.candidates(by) {
+                let Some(e) = self.map.get(&k) else {
+                    gone.push(k);
+                    continue;
                 };
-                (m > 0).then_some((m, k, v))
-            })
-            .collect();
+                if !e.is_copy() {
+                    let v = e.view(now);
+                    best.push((metric(&v), k.clone(), v));
+                }
+            }
+            for k in gone {
+                self.top.forget(&k, (u64::MAX, u64::MAX));
+            }
+        }
+        best.retain(|(m, _, _)| *m > 0);
         best.sort_by(|a, b| (b.0, &b.1).cmp(&(a.0, &a.1)));
         best.into_iter().take(n).map(|(_, k, v)| (k, v)).collect()
     }

@@ -11,6 +11,9 @@
 //! path, a long URI — is a 4xx before any work is done.
 
 mod auth;
+mod http1;
+
+pub use http1::PageOnlyOverHttp1Layer;
 
 use axum::Router;
 use axum::extract::{Request, State};
