@@ -72,13 +72,16 @@ impl Pending {
 struct Table {
     /// Unreported consumption by key.
     pending: HashMap<Arc<[u8]>, Pending>,
-    /// Spending the owner acknowledged, in tokens (hits × `N`), kept until
-    /// the key's next answer: an answer the owner gave before it absorbed
+    /// Spending the owner acknowledged, in tokens (hits × `N`), kept for
+    /// [`SETTLED_FOR`] after: an answer the owner gave before it absorbed
     /// the report can arrive after the acknowledgement (they travel on
     /// different calls), and if the key's remembered answer was evicted
     /// meanwhile, that stale answer alone would grant the spending again.
-    /// Bounded: the oldest go first beyond `max_pending`.
-    settled: HashMap<Arc<[u8]>, (u64, u64)>,
+    /// Folded into any answer that re-creates the key meanwhile (a fresh
+    /// answer too: counted twice, it refuses early for a moment, never
+    /// admits twice). By key: `(tokens, until, id)`. Bounded: the oldest
+    /// go first beyond `max_pending`.
+    settled: HashMap<Arc<[u8]>, (u64, Nanos, u64)>,
     /// `settled`'s keys, oldest first, each with the id it was settled
     /// under (a key settled again has a newer id; the older mark is stale).
     order: VecDeque<(Arc<[u8]>, u64)>,
@@ -89,30 +92,61 @@ impl Table {
     /// Tokens this edge spent on `key` that the owner's answers may not
     /// hold: unacknowledged hits at their largest `N`, and recently
     /// acknowledged ones.
-    fn unaccounted(&self, key: &[u8]) -> u64 {
+    fn unaccounted(&self, key: &[u8], now: Nanos) -> u64 {
         let pending = self
             .pending
             .get(key)
             .map_or(0, |p| p.hits().saturating_mul(p.scale));
-        let settled = self.settled.get(key).map_or(0, |(t, _)| *t);
+        let settled = self
+            .settled
+            .get(key)
+            .filter(|(_, until, _)| *until > now)
+            .map_or(0, |(t, _, _)| *t);
         pending.saturating_add(settled)
     }
 
-    fn settle(&mut self, key: &Arc<[u8]>, tokens: u64, bound: usize) {
+    fn settle(&mut self, key: &Arc<[u8]>, tokens: u64, now: Nanos, bound: usize) {
         self.next_id += 1;
         let id = self.next_id;
-        let e = self.settled.entry(key.clone()).or_insert((0, id));
-        *e = (e.0.saturating_add(tokens), id);
+        let until = now.saturating_add(SETTLED_FOR);
+        let e = self.settled.entry(key.clone()).or_insert((0, until, id));
+        let kept = if e.1 > now { e.0 } else { 0 };
+        *e = (kept.saturating_add(tokens), until, id);
         self.order.push_back((key.clone(), id));
-        while self.order.len() > bound {
-            if let Some((k, id)) = self.order.pop_front()
-                && self.settled.get(&k).is_some_and(|(_, i)| *i == id)
-            {
-                self.settled.remove(&k);
+        self.trim(now, bound);
+    }
+
+    /// Drop expired settled spending, and the oldest beyond `bound` keys.
+    /// `order` holds one mark per settle (a key settled again leaves its
+    /// older mark stale); stale and expired marks leave from the front,
+    /// and the marks are bounded too (a front mark that is live goes once
+    /// the marks pass four per bound).
+    fn trim(&mut self, now: Nanos, bound: usize) {
+        while let Some((k, id)) = self.order.front() {
+            let live = self.settled.get(k).filter(|(_, _, i)| i == id).copied();
+            let over = self.settled.len() > bound || self.order.len() > 4 * bound.max(1);
+            match live {
+                None => {}
+                Some((_, until, _)) if until <= now || over => {
+                    self.settled.remove(k);
+                }
+                Some(_) => break,
             }
+            self.order.pop_front();
         }
     }
+
+    /// Keys with anything unaccounted (what `Inner::tracked` mirrors).
+    fn tracked(&self) -> usize {
+        self.pending.len() + self.settled.len()
+    }
 }
+
+/// How long acknowledged spending is still folded into a re-created
+/// remembered answer: longer than any forward's budget (the limiter's
+/// `MAX_BUDGET`, 2 s) and the answer's way back, so no answer the owner
+/// gave before it absorbed a report arrives after.
+pub const SETTLED_FOR: Nanos = 5_000_000_000;
 
 /// An edge's leases and their unreported consumption. Cheap to clone.
 #[derive(Clone)]
@@ -130,6 +164,10 @@ struct Inner {
     /// be decided, observed or evicted between reading what is unreported
     /// and applying it.
     table: Mutex<Table>,
+    /// Keys the table holds anything for: 0 (the common case — no owner
+    /// unreachable, nothing recently reported) lets an owner's answer skip
+    /// the table's lock.
+    tracked: std::sync::atomic::AtomicUsize,
     max_pending: usize,
     seq: AtomicU64,
 }
@@ -144,6 +182,7 @@ impl Leases {
             inner: Arc::new(Inner {
                 seen: Store::bounded(max_keys, max_memory).unranked(),
                 table: Mutex::new(Table::default()),
+                tracked: std::sync::atomic::AtomicUsize::new(0),
                 max_pending: max_keys.max(1),
                 seq: AtomicU64::new(seq_base),
             }),
@@ -152,6 +191,11 @@ impl Leases {
 
     fn table(&self) -> std::sync::MutexGuard<'_, Table> {
         self.inner.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Publish how many keys the table holds anything for (under its lock).
+    fn track(&self, table: &Table) {
+        self.inner.tracked.store(table.tracked(), Ordering::Relaxed);
     }
 
     /// Remember an owner's authoritative answer for `key` (under the key's
@@ -165,16 +209,24 @@ impl Leases {
     /// it was spent at, so never less than the lease consumed), and so has
     /// spending acknowledged since the key's last answer (see
     /// `Table::settled`).
+    ///
+    /// With nothing unaccounted anywhere (the common case) no lock is
+    /// taken: a lease decision racing this answer spends on the entry,
+    /// which the answer then merges into (the more consumed wins).
     pub fn observe(&self, key: &[u8], spec: &Spec, d: &Decision, reset_gen: u64, now: Nanos) {
+        if self.inner.tracked.load(Ordering::Relaxed) == 0 {
+            self.inner
+                .seen
+                .observe(key, spec, d.remaining, reset_gen, now, 0);
+            return;
+        }
         let mut table = self.table();
-        let unaccounted = table.unaccounted(key);
+        table.trim(now, self.inner.max_pending);
+        self.track(&table);
+        let unaccounted = table.unaccounted(key, now);
         self.inner
             .seen
             .observe(key, spec, d.remaining, reset_gen, now, unaccounted);
-        // The remembered answer holds the settled spending now (folded in,
-        // or spent on it): merging keeps the most consumed, so a later
-        // stale answer cannot take it out.
-        table.settled.remove(key);
     }
 
     /// Forget what this edge knows of `key` and its unreported spending (an
@@ -183,6 +235,7 @@ impl Leases {
         let mut table = self.table();
         table.pending.remove(key);
         table.settled.remove(key);
+        self.track(&table);
         self.inner.seen.remove(key);
     }
 
@@ -220,7 +273,7 @@ impl Leases {
         };
         // A key never seen (or evicted) starts empty, less what this edge
         // already spent on it.
-        let seed = Seed::Consumed(spec.capacity().saturating_add(table.unaccounted(key)));
+        let seed = Seed::Consumed(spec.capacity().saturating_add(table.unaccounted(key, now)));
         let mut d = self.inner.seen.decide_seeded(key, spec, scaled, now, seed);
         d.remaining /= n;
         if d.reason == Outcome::CostExceedsCapacity && req.hits <= spec.capacity() {
@@ -231,6 +284,7 @@ impl Leases {
         }
         if d.reason == Outcome::WithinLimit && req.hits > 0 {
             self.queue(&mut table, key, spec, req.hits, n, now);
+            self.track(&table);
         }
         d
     }
@@ -242,17 +296,24 @@ impl Leases {
     pub fn record(&self, key: &[u8], spec: &Spec, hits: u64, now: Nanos) {
         let mut table = self.table();
         self.queue(&mut table, key, spec, hits, 1, now);
+        self.track(&table);
     }
 
     /// [`Leases::record`], for hits that cost `scale` tokens each of the
     /// remembered answer.
     fn queue(&self, table: &mut Table, key: &[u8], spec: &Spec, hits: u64, scale: u64, now: Nanos) {
-        // The generation this edge knows the key under, if it saw it.
+        // The generation this edge knows the key under, if it saw it. A
+        // remembered answer created by a lease decision (the owner never
+        // answered) says 0 without knowing: 0 is sent as unknown, which an
+        // owner applies whatever its generation — spending from before a
+        // reset counted (refusing early, never admitting twice) rather
+        // than spending after one dropped.
         let reset_gen = self
             .inner
             .seen
             .contains(key)
-            .then(|| self.inner.seen.reset_gen(key));
+            .then(|| self.inner.seen.reset_gen(key))
+            .filter(|g| *g > 0);
         let p = table
             .pending
             .entry(Arc::from(key))
@@ -300,8 +361,8 @@ impl Leases {
             .collect()
     }
 
-    /// The owner applied (or had already applied) this report.
-    pub fn acknowledge(&self, report: &Report) {
+    /// The owner applied (or had already applied) this report, at `now`.
+    pub fn acknowledge(&self, report: &Report, now: Nanos) {
         let mut table = self.table();
         let Some(p) = table.pending.get_mut(&report.key) else {
             return;
@@ -314,7 +375,8 @@ impl Leases {
         if p.unsent == 0 {
             table.pending.remove(&report.key);
         }
-        table.settle(&report.key, tokens, self.inner.max_pending);
+        table.settle(&report.key, tokens, now, self.inner.max_pending);
+        self.track(&table);
     }
 
     /// Hits admitted on leases and not yet acknowledged by an owner.
@@ -382,29 +444,54 @@ mod tests {
     }
 
     /// An answer the owner gave before it absorbed a report can arrive
-    /// after the report's acknowledgement (they travel on different calls);
-    /// if the remembered answer was evicted meanwhile, the acknowledged
-    /// spending is still folded in when that answer re-creates it.
+    /// after the report's acknowledgement (they travel on different calls),
+    /// and several may be on their way; while any can still arrive
+    /// ([`SETTLED_FOR`]), the acknowledged spending is folded into each
+    /// answer that re-creates an evicted key.
     #[test]
-    fn acknowledged_spending_survives_an_eviction_until_the_next_answer() {
+    fn acknowledged_spending_survives_evictions_while_stale_answers_can_arrive() {
         let l = Leases::new(1, usize::MAX, 0);
         let (a, b) = (key::encode("n", "a"), key::encode("n", "b"));
         let sp = spec(90);
         l.observe(&a, &sp, &owner_said(30), 0, 0);
         assert_eq!(admitted(&l, &a, &sp, 3, 0, 6), 6);
         let sent = l.reports();
-        l.acknowledge(&sent[0]);
+        l.acknowledge(&sent[0], 0);
         assert_eq!(l.unreported(), 0);
-        l.observe(&b, &sp, &owner_said(90), 0, 0);
-        assert!(!l.inner.seen.contains(&a), "a evicted");
-        // The stale answer (from before the owner absorbed the 6).
-        l.observe(&a, &sp, &owner_said(30), 0, 0);
+        // Two stale answers (from before the owner absorbed the 6), each
+        // after an eviction.
+        for _ in 0..2 {
+            l.observe(&b, &sp, &owner_said(90), 0, 0);
+            assert!(!l.inner.seen.contains(&a), "a evicted");
+            l.observe(&a, &sp, &owner_said(30), 0, 0);
+            assert_eq!(
+                l.seen_remaining(&a, 0),
+                Some(12),
+                "30 less the 6 spent at N = 3"
+            );
+        }
         assert_eq!(admitted(&l, &a, &sp, 3, 0, 10), 4);
-        // Evicted again; the next answer holds the 6: folded in are only
-        // the 4 spent since (unreported), not the 6 a second time.
-        l.observe(&b, &sp, &owner_said(90), 0, 0);
-        l.observe(&a, &sp, &owner_said(24), 0, 0);
-        assert_eq!(admitted(&l, &a, &sp, 3, 0, 10), 4, "24 / 3 less the 4");
+        // Past SETTLED_FOR no stale answer is on its way: evicted again,
+        // the owner's own count (24: it holds the 6) is folded with only
+        // the 4 spent since (unreported).
+        let later = SETTLED_FOR + 1;
+        l.observe(&b, &sp, &owner_said(90), 0, later);
+        l.observe(&a, &sp, &owner_said(24), 0, later);
+        assert_eq!(admitted(&l, &a, &sp, 3, later, 10), 4, "24 / 3 less the 4");
+    }
+
+    /// A lease decision on a key the owner never answered for does not
+    /// know its reset generation: its report says so (`None`, which an
+    /// owner applies whatever its generation), not generation 0 (which an
+    /// owner reset since would drop, losing the spending).
+    #[test]
+    fn a_report_for_a_key_never_answered_names_no_generation() {
+        let l = Leases::new(100, usize::MAX, 0);
+        let k = key::encode("n", "k");
+        let sp = spec(90);
+        assert_eq!(admitted(&l, &k, &sp, 3, 0, 1), 0, "starts empty");
+        assert_eq!(admitted(&l, &k, &sp, 3, 2 * S, 1), 1, "refilled");
+        assert_eq!(l.reports()[0].reset_gen, None);
     }
 
     /// The owners' answers an edge remembers are bounded by bytes too: a
@@ -506,11 +593,11 @@ mod tests {
         // Admitted while the report is in flight: held for the next one.
         assert_eq!(admitted(&l, &k, &sp, 3, 300 * S, 2), 2);
         assert_eq!(l.reports(), first, "a retry is the same report");
-        l.acknowledge(&first[0]);
+        l.acknowledge(&first[0], 0);
         let second = l.reports();
         assert_eq!((second[0].seq, second[0].hits), (1_002, 2));
         assert_eq!(l.unreported(), 2);
-        l.acknowledge(&second[0]);
+        l.acknowledge(&second[0], 0);
         assert!(l.reports().is_empty());
         assert_eq!(l.unreported(), 0);
     }

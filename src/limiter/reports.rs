@@ -53,7 +53,7 @@ impl Limiter {
                     };
                     let o = self.absorb_encoded(&report.key, &report.spec, &absorb, &t, false);
                     if o.acknowledged() {
-                        leases.acknowledge(&report);
+                        leases.acknowledge(&report, self.now());
                         acked += 1;
                     }
                 }
@@ -82,7 +82,7 @@ impl Limiter {
                 let mut acked = 0;
                 for (rep, o) in reports.iter().zip(outcomes) {
                     if o.acknowledged() {
-                        leases.acknowledge(rep);
+                        leases.acknowledge(rep, self.now());
                         acked += 1;
                     }
                 }

@@ -35,6 +35,9 @@ pub(super) fn budget_left(deadline: tokio::time::Instant) -> std::time::Duration
 pub(super) const MIN_BUDGET: std::time::Duration = std::time::Duration::from_millis(10);
 /// The most budget a call gets, whatever its caller's deadline.
 pub(super) const MAX_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
+// Acknowledged lease spending is kept until no answer given before the
+// owner absorbed it can arrive: longer than any forward's budget.
+const _: () = assert!(MAX_BUDGET.as_nanos() * 2 <= crate::lease::SETTLED_FOR as u128);
 
 /// When a batch given `budget` must be decided by: the caller's deadline
 /// less a reserve (a tenth, at least a millisecond, at most 20 ms) for

@@ -21,11 +21,12 @@
 //! An evicted or removed key leaves the rankings; a sweep drops the
 //! candidates the store no longer holds.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{Hasher, Store, TopBy, View};
+use super::{Entry, Hasher, Store, TopBy, View};
 use crate::algorithm::Nanos;
 
 /// A candidate's recorded count is refreshed when its count crosses a
@@ -222,41 +223,51 @@ impl Store {
     /// the keys this node counts (not copies of counts kept elsewhere):
     /// for `n` up to [`DEFAULT_K`] from the rankings' candidates, ranked by
     /// their live counts — no scan of the table; candidates no longer in
-    /// memory are dropped from the rankings as they are found. A larger
-    /// `n` is an operator's rare query, answered by a scan.
+    /// memory, or only as copies (moved to another owner), leave the
+    /// rankings as they are found, making room for keys counted here. A
+    /// larger `n` is an operator's rare query, answered by a scan that
+    /// keeps the best `n` (a view is built for those only).
     pub fn top(&self, by: TopBy, n: usize, now: Nanos) -> Vec<(Arc<[u8]>, View)> {
-        let metric = |v: &View| match by {
-            TopBy::Hits => v.hits,
-            TopBy::Refusals => v.refusals,
+        let metric = |e: &Entry| match by {
+            TopBy::Hits => e.hits(),
+            TopBy::Refusals => e.refusals(),
         };
-        let mut best: Vec<(u64, Arc<[u8]>, View)> = Vec::new();
+        // A min-heap of the best n so far, on (metric, key) for a stable order.
+        let mut heap: BinaryHeap<Reverse<(u64, Arc<[u8]>)>> = BinaryHeap::new();
+        let mut offer = |m: u64, k: &Arc<[u8]>| {
+            if m > 0 {
+                heap.push(Reverse((m, k.clone())));
+                if heap.len() > n {
+                    heap.pop();
+                }
+            }
+        };
         if n > DEFAULT_K {
             for item in self.map.iter() {
-                if item.value().is_copy() {
-                    continue;
+                if !item.value().is_copy() {
+                    offer(metric(item.value()), item.key());
                 }
-                let v = item.value().view(now);
-                best.push((metric(&v), item.key().clone(), v));
             }
         } else {
             let mut gone = Vec::new();
             for (k, _) in self.top.candidates(by) {
-                let Some(e) = self.map.get(&k) else {
-                    gone.push(k);
-                    continue;
-                };
-                if !e.is_copy() {
-                    let v = e.view(now);
-                    best.push((metric(&v), k.clone(), v));
+                match self.map.get(&k) {
+                    Some(e) if !e.is_copy() => offer(metric(&e), &k),
+                    _ => gone.push(k),
                 }
             }
             for k in gone {
                 self.top.forget(&k, (u64::MAX, u64::MAX));
             }
         }
-        best.retain(|(m, _, _)| *m > 0);
-        best.sort_by(|a, b| (b.0, &b.1).cmp(&(a.0, &a.1)));
-        best.into_iter().take(n).map(|(_, k, v)| (k, v)).collect()
+        let mut best: Vec<(u64, Arc<[u8]>)> = heap.into_iter().map(|r| r.0).collect();
+        best.sort_by(|a, b| b.cmp(a));
+        best.into_iter()
+            .filter_map(|(_, k)| {
+                let v = self.map.get(&k)?.view(now);
+                Some((k, v))
+            })
+            .collect()
     }
 }
 
