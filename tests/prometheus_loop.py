@@ -42,7 +42,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -52,6 +51,9 @@ import urllib.parse
 import urllib.request
 
 import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from local_cluster import LocalCluster, free_port  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RULES = os.path.join(ROOT, "deploy", "prometheus", "sluice-rules.yml")
@@ -68,14 +70,6 @@ PROMETHEUS_OWN = {"up", "ALERTS", "ALERTS_FOR_STATE", "scrape_duration_seconds",
 EMPTY_WHEN_HEALTHY = {"sluice:approximate_while_reachable:rate1m"}
 # Fed only once an owner is unreachable: asserted after the kill.
 AFTER_KILL = {"sluice:fallback_decisions:rate1m"}
-
-
-def free_port(kind=socket.SOCK_STREAM):
-    s = socket.socket(socket.AF_INET, kind)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def http_get(url, timeout=2):
@@ -199,53 +193,20 @@ def dashboard_queries(dashboard):
 
 # --- the processes ------------------------------------------------------------
 
-class Cluster:
+class Cluster(LocalCluster):
     def __init__(self, binary, tmp):
-        self.binary = binary
-        self.tmp = tmp
-        self.nodes = []
-        self.procs = []
-        secret = os.path.join(tmp, "secret")
-        with open(secret, "w") as f:
-            f.write(SECRET + "\n")
-        self.secret_file = secret
+        super().__init__(binary, tmp, SECRET)
 
     def start(self, n=3):
-        gossip = [free_port(socket.SOCK_DGRAM) for _ in range(n)]
-        for i in range(n):
-            node = {
-                "id": f"node-{i + 1}",
-                "grpc": f"127.0.0.1:{free_port()}",
-                "http": f"127.0.0.1:{free_port()}",
-                "peer": f"127.0.0.1:{free_port()}",
-                "admin": f"127.0.0.1:{free_port()}",
-                "gossip": f"127.0.0.1:{gossip[i]}",
-            }
-            seeds = [f"127.0.0.1:{g}" for j, g in enumerate(gossip) if j != i]
-            env = dict(
-                os.environ,
-                RUST_LOG="warn",
-                SLUICE_CLUSTER__GOSSIP_ADDR=node["gossip"],
-                SLUICE_CLUSTER__PEER_ADDR=node["peer"],
-                SLUICE_CLUSTER__SEEDS=json.dumps(seeds),
-                SLUICE_CLUSTER__SECRET_FILE=self.secret_file,
-                # A killed member stays in the rings ~10 s: see the docstring.
-                SLUICE_CLUSTER__PHI_THRESHOLD="125",
-                # The callers' budget for a forward: the default 10 ms is
-                # missed by a CPU-starved machine (a CI VM shared with a
-                # build), and each miss is an approximate answer, which is
-                # SluiceApproximateWhileReachable's, not this test's.
-                SLUICE_CLUSTER__FORWARD_TIMEOUT="100ms",
-                SLUICE_ADMIN__ADDR=node["admin"],
-                SLUICE_ADMIN__TOKEN_FILE=os.path.join(self.tmp, f"admin-{i + 1}.token"),
-            )
-            log = open(os.path.join(self.tmp, f"{node['id']}.log"), "w")
-            node["proc"] = subprocess.Popen(
-                [self.binary, "serve", "--node-id", node["id"], "--grpc-addr", node["grpc"],
-                 "--http-addr", node["http"]],
-                env=env, stdout=log, stderr=subprocess.STDOUT)
-            self.procs.append(node["proc"])
-            self.nodes.append(node)
+        super().start(n, env={
+            # A killed member stays in the rings ~10 s: see the docstring.
+            "SLUICE_CLUSTER__PHI_THRESHOLD": "125",
+            # The callers' budget for a forward: the default 10 ms is
+            # missed by a CPU-starved machine (a CI VM shared with a
+            # build), and each miss is an approximate answer, which is
+            # SluiceApproximateWhileReachable's, not this test's.
+            "SLUICE_CLUSTER__FORWARD_TIMEOUT": "100ms",
+        })
 
     def metrics(self, node):
         return http_get(f"http://{node['http']}/metrics")[1]
@@ -269,11 +230,6 @@ class Cluster:
         self.procs.append(p)
         return p
 
-    def stop(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
 
 
 class Prometheus:

@@ -24,7 +24,6 @@ Usage: tests/status_browser.py [path/to/sluice]   (installs Debian's
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,19 +31,14 @@ import time
 import urllib.error
 import urllib.request
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from local_cluster import LocalCluster  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCREENSHOT = os.path.join(ROOT, "docs", "status.png")
 SECRET = "status-browser-secret"
 TOKEN = "status-browser-admin-token-0123456789"
 KEY = "abuser-203.0.113.7"
-
-
-def free_port(kind=socket.SOCK_STREAM):
-    s = socket.socket(socket.AF_INET, kind)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def await_(what, check, deadline):
@@ -101,33 +95,10 @@ def main():
     browser = chromium()
     print(f"chromium: {browser} ({time.time() - started:.0f} s)", flush=True)
     tmp = tempfile.mkdtemp(prefix="sluice-status-")
-    secret = os.path.join(tmp, "secret")
-    with open(secret, "w") as f:
-        f.write(SECRET + "\n")
-    gossip = [free_port(socket.SOCK_DGRAM) for _ in range(3)]
-    nodes, procs = [], []
+    cluster = LocalCluster(binary, tmp, SECRET)
+    nodes = cluster.nodes
     try:
-        for i in range(3):
-            node = {"id": f"node-{i + 1}", "grpc": f"127.0.0.1:{free_port()}",
-                    "http": f"127.0.0.1:{free_port()}", "peer": f"127.0.0.1:{free_port()}",
-                    "admin": f"127.0.0.1:{free_port()}", "gossip": f"127.0.0.1:{gossip[i]}"}
-            token_file = os.path.join(tmp, f"admin-{i + 1}.token")
-            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT, 0o600)
-            os.write(fd, (TOKEN + "\n").encode())
-            os.close(fd)
-            env = dict(os.environ, RUST_LOG="warn",
-                       SLUICE_CLUSTER__GOSSIP_ADDR=node["gossip"],
-                       SLUICE_CLUSTER__PEER_ADDR=node["peer"],
-                       SLUICE_CLUSTER__SEEDS=json.dumps(
-                           [f"127.0.0.1:{g}" for j, g in enumerate(gossip) if j != i]),
-                       SLUICE_CLUSTER__SECRET_FILE=secret,
-                       SLUICE_ADMIN__ADDR=node["admin"],
-                       SLUICE_ADMIN__TOKEN_FILE=token_file)
-            log = open(os.path.join(tmp, f"{node['id']}.log"), "w")
-            procs.append(subprocess.Popen(
-                [binary, "serve", "--node-id", node["id"], "--grpc-addr", node["grpc"],
-                 "--http-addr", node["http"]], env=env, stdout=log, stderr=subprocess.STDOUT))
-            nodes.append(node)
+        cluster.start(3, token=TOKEN)
         ids = [n["id"] for n in nodes]
         await_("every node to see three members in its ring",
                lambda: all(sorted(m["node_id"] for m in status(n)["members"] if m["in_ring"]) == ids
@@ -184,13 +155,11 @@ def main():
             os.makedirs(os.path.dirname(SCREENSHOT), exist_ok=True)
             shutil.copyfile(shot, SCREENSHOT)
         print(f"OK: the status page renders all three members, their shares and the refused "
-              f"key in chromium; screenshot at {os.path.relpath(SCREENSHOT, ROOT)} "
+              f"key in chromium; screenshot checked"
+              f"{' and kept at ' + os.path.relpath(SCREENSHOT, ROOT) if '--screenshot' in sys.argv else ''} "
               f"({time.time() - started:.0f} s)")
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+        cluster.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
