@@ -171,3 +171,36 @@ async fn a_leaving_node_stops_serving_before_it_goes() {
     };
     assert!(exit.success(), "a exits cleanly: {exit:?}");
 }
+
+/// A node is stopped while it still joins (Kubernetes may send SIGTERM to
+/// a pod that never became ready): it stops cleanly, as from any other
+/// state, not by the signal's default action. Before the fix, `serve`
+/// listened for SIGTERM only once `start` returned, and this process died
+/// of the signal.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_stopped_while_joining_exits_cleanly() {
+    let gossip = ports(2);
+    let env = [("SLUICE_CLUSTER__GOSSIP_INTERVAL", GOSSIP_INTERVAL)];
+    // Its only seed never comes up: it joins for 5 s (10 rounds).
+    let mut a = spawn("joining-a", gossip[0], &gossip[1..], &env);
+    let until = std::time::Instant::now() + SETTLE;
+    while health(&a, "").await.is_none() {
+        assert!(
+            std::time::Instant::now() < until,
+            "a's gRPC port answers health checks"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Still joining when it is told to stop (or the test proves nothing).
+    assert_eq!(health(&a, "").await, Some(ServingStatus::NotServing));
+    assert_eq!(readyz(&a).await, 503);
+    assert!(a.signal("TERM"));
+    let exit = loop {
+        if let Some(exit) = a.child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(std::time::Instant::now() < until, "a exits");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(exit.success(), "a exits cleanly: {exit:?}");
+}

@@ -5,6 +5,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use tokio::signal::unix::{Signal, SignalKind, signal};
+
 use clap::Args;
 use tracing_subscriber::EnvFilter;
 
@@ -97,26 +99,54 @@ pub async fn run(args: ServeArgs) -> CliResult {
         );
     }
     let clock = SystemClock::with_offset(offset.saturating_mul(1_000_000));
+    // Listen for SIGTERM before starting: a node is in its peers' rings
+    // (and Kubernetes may stop it) before `start` returns — it waits to
+    // join and to adopt its view — and a SIGTERM then must still mean
+    // "leave gracefully", not the default action (killed, nothing handed
+    // off). One that arrives during the start is kept and acted on next.
+    let stop = ShutdownSignal::listen();
     let node = Node::start(config, policies, Some(sources), Arc::new(clock)).await?;
-    shutdown_signal().await;
+    stop.wait().await;
     tracing::info!("leaving the cluster");
     node.leave().await;
     tracing::info!("stopped");
     Ok(())
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
+/// SIGTERM (what Kubernetes and systemd send) or SIGINT (Ctrl-C).
+struct ShutdownSignal {
+    term: Option<Signal>,
+    int: Option<Signal>,
+}
+
+impl ShutdownSignal {
+    /// Install both handlers now; a signal from here on is not lost.
+    fn listen() -> ShutdownSignal {
+        let listen = |kind: SignalKind, name: &str| match signal(kind) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for {name}; it stops the node at once");
+                None
+            }
+        };
+        ShutdownSignal {
+            term: listen(SignalKind::terminate(), "SIGTERM"),
+            int: listen(SignalKind::interrupt(), "SIGINT"),
+        }
+    }
+
+    async fn wait(mut self) {
+        async fn recv(s: &mut Option<Signal>) {
+            match s {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
             }
         }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot listen for SIGTERM; stopping on SIGINT only");
-            let _ = tokio::signal::ctrl_c().await;
+        tokio::select! {
+            _ = recv(&mut self.term) => {}
+            _ = recv(&mut self.int) => {}
         }
     }
 }
