@@ -379,6 +379,10 @@ impl Limits {
 /// its bound (10,000 entries, 256 KiB of queue) could not be held twice.
 pub const MIN_MAX_MEMORY: u64 = 1 << 20;
 
+/// The longest `cluster.forward_timeout`: an edge keeps acknowledged lease
+/// spending (`lease::SETTLED_FOR`) for longer than any forward can wait.
+pub const MAX_FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How far a peer token's timestamp may be from this node's clock, unless
 /// configured (`cluster.token_window`).
 pub const TOKEN_WINDOW: Duration = Duration::from_secs(10);
@@ -507,6 +511,11 @@ impl Config {
             return Err(ConfigError(
                 "cluster.gossip_interval: must be greater than zero".into(),
             ));
+        }
+        if c.forward_timeout > MAX_FORWARD_TIMEOUT {
+            return Err(ConfigError(format!(
+                "cluster.forward_timeout: at most {MAX_FORWARD_TIMEOUT:?} (an edge keeps acknowledged lease spending for as long as an answer can be on its way)"
+            )));
         }
         if c.forward_timeout.is_zero() {
             return Err(ConfigError(

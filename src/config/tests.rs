@@ -86,6 +86,10 @@ fn errors_name_the_key() {
             "idle_connection_timeout",
         ),
         ("unknown_thing = 1\n", "unknown_thing"),
+        (
+            "[cluster]\nforward_timeout = \"11s\"\n",
+            "cluster.forward_timeout: at most 10s",
+        ),
     ];
     for (body, key) in cases {
         let file = write(&dir, body);

@@ -124,7 +124,8 @@ impl Table {
     fn trim(&mut self, now: Nanos, bound: usize) {
         while let Some((k, id)) = self.order.front() {
             let live = self.settled.get(k).filter(|(_, _, i)| i == id).copied();
-            let over = self.settled.len() > bound || self.order.len() > 4 * bound.max(1);
+            let over =
+                self.settled.len() > bound || self.order.len() > bound.max(1).saturating_mul(4);
             match live {
                 None => {}
                 Some((_, until, _)) if until <= now || over => {
@@ -135,18 +136,15 @@ impl Table {
             self.order.pop_front();
         }
     }
-
-    /// Keys with anything unaccounted (what `Inner::tracked` mirrors).
-    fn tracked(&self) -> usize {
-        self.pending.len() + self.settled.len()
-    }
 }
 
 /// How long acknowledged spending is still folded into a re-created
-/// remembered answer: longer than any forward's budget (the limiter's
-/// `MAX_BUDGET`, 2 s) and the answer's way back, so no answer the owner
-/// gave before it absorbed a report arrives after.
-pub const SETTLED_FOR: Nanos = 5_000_000_000;
+/// remembered answer: longer than any forward's wait (at most the
+/// limiter's `MAX_BUDGET` or `cluster.forward_timeout`, itself at most
+/// `config::MAX_FORWARD_TIMEOUT`, 10 s) and the answer's way back, so no
+/// answer the owner gave before it absorbed a report arrives after
+/// (asserted at compile time in `limiter/route.rs`).
+pub const SETTLED_FOR: Nanos = 25_000_000_000;
 
 /// An edge's leases and their unreported consumption. Cheap to clone.
 #[derive(Clone)]
@@ -164,10 +162,6 @@ struct Inner {
     /// be decided, observed or evicted between reading what is unreported
     /// and applying it.
     table: Mutex<Table>,
-    /// Keys the table holds anything for: 0 (the common case — no owner
-    /// unreachable, nothing recently reported) lets an owner's answer skip
-    /// the table's lock.
-    tracked: std::sync::atomic::AtomicUsize,
     max_pending: usize,
     seq: AtomicU64,
 }
@@ -182,7 +176,6 @@ impl Leases {
             inner: Arc::new(Inner {
                 seen: Store::bounded(max_keys, max_memory).unranked(),
                 table: Mutex::new(Table::default()),
-                tracked: std::sync::atomic::AtomicUsize::new(0),
                 max_pending: max_keys.max(1),
                 seq: AtomicU64::new(seq_base),
             }),
@@ -191,11 +184,6 @@ impl Leases {
 
     fn table(&self) -> std::sync::MutexGuard<'_, Table> {
         self.inner.table.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Publish how many keys the table holds anything for (under its lock).
-    fn track(&self, table: &Table) {
-        self.inner.tracked.store(table.tracked(), Ordering::Relaxed);
     }
 
     /// Remember an owner's authoritative answer for `key` (under the key's
@@ -210,19 +198,12 @@ impl Leases {
     /// spending acknowledged since the key's last answer (see
     /// `Table::settled`).
     ///
-    /// With nothing unaccounted anywhere (the common case) no lock is
-    /// taken: a lease decision racing this answer spends on the entry,
-    /// which the answer then merges into (the more consumed wins).
+    /// Always under the table's lock: an answer that skipped it could
+    /// re-create an entry evicted after a lease spent on it, without that
+    /// spending.
     pub fn observe(&self, key: &[u8], spec: &Spec, d: &Decision, reset_gen: u64, now: Nanos) {
-        if self.inner.tracked.load(Ordering::Relaxed) == 0 {
-            self.inner
-                .seen
-                .observe(key, spec, d.remaining, reset_gen, now, 0);
-            return;
-        }
         let mut table = self.table();
         table.trim(now, self.inner.max_pending);
-        self.track(&table);
         let unaccounted = table.unaccounted(key, now);
         self.inner
             .seen
@@ -235,7 +216,6 @@ impl Leases {
         let mut table = self.table();
         table.pending.remove(key);
         table.settled.remove(key);
-        self.track(&table);
         self.inner.seen.remove(key);
     }
 
@@ -284,7 +264,6 @@ impl Leases {
         }
         if d.reason == Outcome::WithinLimit && req.hits > 0 {
             self.queue(&mut table, key, spec, req.hits, n, now);
-            self.track(&table);
         }
         d
     }
@@ -296,7 +275,6 @@ impl Leases {
     pub fn record(&self, key: &[u8], spec: &Spec, hits: u64, now: Nanos) {
         let mut table = self.table();
         self.queue(&mut table, key, spec, hits, 1, now);
-        self.track(&table);
     }
 
     /// [`Leases::record`], for hits that cost `scale` tokens each of the
@@ -376,7 +354,6 @@ impl Leases {
             table.pending.remove(&report.key);
         }
         table.settle(&report.key, tokens, now, self.inner.max_pending);
-        self.track(&table);
     }
 
     /// Hits admitted on leases and not yet acknowledged by an owner.

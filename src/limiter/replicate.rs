@@ -130,6 +130,7 @@ impl Limiter {
         metrics
             .replication_lag
             .set(oldest.map_or(0, |at| at.elapsed().as_micros() as i64));
+        metrics.replication_rounds.inc();
         sent
     }
 

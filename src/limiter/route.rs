@@ -37,7 +37,10 @@ pub(super) const MIN_BUDGET: std::time::Duration = std::time::Duration::from_mil
 pub(super) const MAX_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
 // Acknowledged lease spending is kept until no answer given before the
 // owner absorbed it can arrive: longer than any forward's budget.
-const _: () = assert!(MAX_BUDGET.as_nanos() * 2 <= crate::lease::SETTLED_FOR as u128);
+const _: () = assert!(
+    MAX_BUDGET.as_nanos() * 2 <= crate::lease::SETTLED_FOR as u128
+        && crate::config::MAX_FORWARD_TIMEOUT.as_nanos() * 2 <= crate::lease::SETTLED_FOR as u128
+);
 
 /// When a batch given `budget` must be decided by: the caller's deadline
 /// less a reserve (a tenth, at least a millisecond, at most 20 ms) for

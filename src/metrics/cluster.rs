@@ -59,6 +59,11 @@ pub struct ClusterMetrics {
     pub replication_pending: Gauge,
     /// Microseconds the last replication round took.
     pub replication_round: Gauge,
+    /// Replication rounds finished, counted after the round's gauges are
+    /// set: a reader that sees this pass a value read after a change, by
+    /// two, knows the pending gauge it reads next comes from a round that
+    /// started after the change.
+    pub replication_rounds: Counter,
     /// Microseconds from the oldest change a round sent (or still holds,
     /// unsent) to the round's end: how far a replica is behind its owner.
     pub replication_lag: Gauge,
@@ -123,6 +128,7 @@ impl ClusterMetrics {
             replicated: Counter::default(),
             replication_pending: Gauge::default(),
             replication_round: Gauge::default(),
+            replication_rounds: Counter::default(),
             replication_lag: Gauge::default(),
             handed_off: Counter::default(),
             pulls: Family::default(),
@@ -309,6 +315,11 @@ impl ClusterMetrics {
             "sluice_replication_round_microseconds",
             "Time the last replication round took",
             self.replication_round.clone(),
+        );
+        registry.register(
+            "sluice_replication_rounds",
+            "Replication rounds finished",
+            self.replication_rounds.clone(),
         );
         registry.register(
             "sluice_replication_lag_microseconds",
