@@ -12,7 +12,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::procs::{Proc, check, ports, spawn};
+use common::procs::{Proc, check, ports, spawn, spawn_logged};
 use common::{eventually, http_get, inline};
 use sluice::proto::v1 as pb;
 use tonic_health::pb::HealthCheckRequest;
@@ -174,15 +174,19 @@ async fn a_leaving_node_stops_serving_before_it_goes() {
 
 /// A node is stopped while it still joins (Kubernetes may send SIGTERM to
 /// a pod that never became ready): it stops cleanly, as from any other
-/// state, not by the signal's default action. Before the fix, `serve`
-/// listened for SIGTERM only once `start` returned, and this process died
-/// of the signal.
+/// state, not by the signal's default action, and without ever turning
+/// ready (which would move keys to it only to hand them straight back).
+/// Before the fix, `serve` listened for SIGTERM only once `start` returned,
+/// and this process died of the signal; with the signal heard but the
+/// start not cut short, it said `SERVING` once its join wait ended.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_node_stopped_while_joining_exits_cleanly() {
     let gossip = ports(2);
     let env = [("SLUICE_CLUSTER__GOSSIP_INTERVAL", GOSSIP_INTERVAL)];
     // Its only seed never comes up: it joins for 5 s (10 rounds).
-    let mut a = spawn("joining-a", gossip[0], &gossip[1..], &env);
+    let log_path = std::env::temp_dir().join(format!("sluice-joining-a-{}.log", gossip[0]));
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut a = spawn_logged("joining-a", gossip[0], &gossip[1..], &env, log);
     let until = std::time::Instant::now() + SETTLE;
     while health(&a, "").await.is_none() {
         assert!(
@@ -192,9 +196,31 @@ async fn a_node_stopped_while_joining_exits_cleanly() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Still joining when it is told to stop (or the test proves nothing).
-    assert_eq!(health(&a, "").await, Some(ServingStatus::NotServing));
     assert_eq!(readyz(&a).await, 503);
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", a.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut watch = HealthClient::new(channel)
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    assert_eq!(first.status, ServingStatus::NotServing as i32);
     assert!(a.signal("TERM"));
+    // Every status it says until the stream ends with the node.
+    let mut said = Vec::new();
+    while let Ok(Ok(Some(m))) = tokio::time::timeout(SETTLE, watch.message()).await {
+        said.push(m.status);
+    }
+    assert!(
+        !said.contains(&(ServingStatus::Serving as i32)),
+        "never ready after SIGTERM: {said:?}"
+    );
     let exit = loop {
         if let Some(exit) = a.child.try_wait().unwrap() {
             break exit;
@@ -203,4 +229,10 @@ async fn a_node_stopped_while_joining_exits_cleanly() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert!(exit.success(), "a exits cleanly: {exit:?}");
+    // Its own word that it never served as ready (a health watch can miss
+    // a moment of `SERVING` between two updates; the log cannot).
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let _ = std::fs::remove_file(&log_path);
+    assert!(log.contains("stopped before it joined"), "{log}");
+    assert!(!log.contains("serving"), "{log}");
 }

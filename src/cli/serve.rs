@@ -103,10 +103,24 @@ pub async fn run(args: ServeArgs) -> CliResult {
     // (and Kubernetes may stop it) before `start` returns — it waits to
     // join and to adopt its view — and a SIGTERM then must still mean
     // "leave gracefully", not the default action (killed, nothing handed
-    // off). One that arrives during the start is kept and acted on next.
-    let stop = ShutdownSignal::listen();
-    let node = Node::start(config, policies, Some(sources), Arc::new(clock)).await?;
-    stop.wait().await;
+    // off). One that arrives while it still joins cuts the start short:
+    // it leaves without ever turning ready.
+    let signal = ShutdownSignal::listen();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let stopping = stop.clone();
+    tokio::spawn(async move {
+        signal.wait().await;
+        stopping.cancel();
+    });
+    let node = Node::start_until(
+        config,
+        policies,
+        Some(sources),
+        Arc::new(clock),
+        stop.clone(),
+    )
+    .await?;
+    stop.cancelled().await;
     tracing::info!("leaving the cluster");
     node.leave().await;
     tracing::info!("stopped");

@@ -99,6 +99,19 @@ impl Node {
         sources: Option<Sources>,
         clock: SharedClock,
     ) -> Result<Node, StartError> {
+        Node::start_until(config, policies, sources, clock, CancellationToken::new()).await
+    }
+
+    /// [`Node::start`], cut short by `stop`: a node told to stop while it
+    /// still joins returns at once, not ready (it never turns ready only to
+    /// hand its keys straight back), and its caller makes it leave.
+    pub async fn start_until(
+        config: Config,
+        policies: Policies,
+        sources: Option<Sources>,
+        clock: SharedClock,
+        stop: CancellationToken,
+    ) -> Result<Node, StartError> {
         let cluster = &config.cluster;
         let secret = Secret::with_window(cluster.secret_bytes()?.as_deref(), cluster.token_window);
         if !secret.is_set() {
@@ -433,13 +446,18 @@ impl Node {
             )?);
         }
         // Join before owning anything (see `Membership::join`).
-        membership.join().await;
-        // Serve as ready once the limiter follows the view that holds it.
-        limiter
-            .adopted(membership.view().ring.epoch(), Duration::from_secs(2))
-            .await;
-        readiness.set_serving(true).await;
-        tracing::info!(%grpc_addr, %http_addr, %gossip_addr, node_id = %config.node_id, "serving");
+        membership.join(&stop).await;
+        if !stop.is_cancelled() {
+            // Serve as ready once the limiter follows the view that holds it.
+            tokio::select! {
+                _ = limiter.adopted(membership.view().ring.epoch(), Duration::from_secs(2)) => {}
+                _ = stop.cancelled() => {}
+            }
+            readiness.set_serving(true).await;
+            tracing::info!(%grpc_addr, %http_addr, %gossip_addr, node_id = %config.node_id, "serving");
+        } else {
+            tracing::info!(node_id = %config.node_id, "stopped before it joined");
+        }
         Ok(Node {
             grpc_addr,
             peer_addr,

@@ -73,8 +73,33 @@ pub fn spawn(id: &str, gossip: u16, seeds: &[u16], env: &[(&str, &str)]) -> Proc
     spawn_bin(BIN, id, gossip, seeds, env)
 }
 
+/// [`spawn`], its log (at `RUST_LOG=info`; `sluice serve` logs to stdout)
+/// written to `log`.
+pub fn spawn_logged(
+    id: &str,
+    gossip: u16,
+    seeds: &[u16],
+    env: &[(&str, &str)],
+    log: std::fs::File,
+) -> Proc {
+    let mut env = env.to_vec();
+    env.push(("RUST_LOG", "info"));
+    spawn_with(BIN, id, gossip, seeds, &env, Stdio::from(log))
+}
+
 /// [`spawn`], running the binary at `bin` (another release, say).
 pub fn spawn_bin(bin: &str, id: &str, gossip: u16, seeds: &[u16], env: &[(&str, &str)]) -> Proc {
+    spawn_with(bin, id, gossip, seeds, env, Stdio::null())
+}
+
+fn spawn_with(
+    bin: &str,
+    id: &str,
+    gossip: u16,
+    seeds: &[u16],
+    env: &[(&str, &str)],
+    log: Stdio,
+) -> Proc {
     let grpc = format!("127.0.0.1:{}", free_port());
     let http = format!("127.0.0.1:{}", free_port());
     let mut cmd = Command::new(bin);
@@ -90,7 +115,8 @@ pub fn spawn_bin(bin: &str, id: &str, gossip: u16, seeds: &[u16], env: &[(&str, 
         .env("SLUICE_CLUSTER__BREAKER_COOLDOWN", BREAKER_COOLDOWN)
         .env("SLUICE_CLUSTER__FORWARD_TIMEOUT", FORWARD_TIMEOUT)
         .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
+        // The log (on stdout: none unless asked for); panics reach stderr.
+        .stdout(log)
         .stderr(Stdio::inherit());
     let seeds: Vec<String> = seeds
         .iter()

@@ -285,10 +285,17 @@ impl Membership {
     /// Turn `ready` — own keys — once it is safe: with seeds, after this
     /// node has seen a peer and its view has held still for a few rounds
     /// (bounded: the first node of a cluster has no one to see).
-    pub async fn join(&self) {
+    ///
+    /// `stop` cancelled while waiting (the process was told to stop before
+    /// it joined): the node stays `joining` — it never turns ready only to
+    /// hand its keys straight back.
+    pub async fn join(&self, stop: &CancellationToken) {
         let mut views = self.watch();
-        join_wait(&mut views, self.inner.has_seeds, self.inner.gossip_interval).await;
-        if self.inner.presence.lifecycle() == Lifecycle::Joining {
+        tokio::select! {
+            _ = join_wait(&mut views, self.inner.has_seeds, self.inner.gossip_interval) => {}
+            _ = stop.cancelled() => {}
+        }
+        if !stop.is_cancelled() && self.inner.presence.lifecycle() == Lifecycle::Joining {
             self.set_state(Lifecycle::Ready).await;
             // Own keys from the first call on: wait for this node's view to
             // hold it in the ring (a round of the gossip thread).
