@@ -79,13 +79,14 @@ struct Table {
     /// meanwhile, that stale answer alone would grant the spending again.
     /// Folded into any answer that re-creates the key meanwhile (a fresh
     /// answer too: counted twice, it refuses early for a moment, never
-    /// admits twice). By key: `(tokens, until, id)`. Bounded: the oldest
-    /// go first beyond `max_pending`.
-    settled: HashMap<Arc<[u8]>, (u64, Nanos, u64)>,
-    /// `settled`'s keys, oldest first, each with the id it was settled
-    /// under (a key settled again has a newer id; the older mark is stale).
-    order: VecDeque<(Arc<[u8]>, u64)>,
-    next_id: u64,
+    /// admits twice). By key: `(tokens, until)`. Bounded: the oldest go
+    /// first beyond `max_pending` keys.
+    settled: HashMap<Arc<[u8]>, (u64, Nanos)>,
+    /// `settled`'s keys, oldest first, each with the `until` it had when
+    /// queued: one mark per key (a key settled again keeps its mark, which
+    /// moves to the back when it reaches the front), so a steady stream of
+    /// reports for few keys never crowds out the marks of others.
+    order: VecDeque<(Arc<[u8]>, Nanos)>,
 }
 
 impl Table {
@@ -100,36 +101,42 @@ impl Table {
         let settled = self
             .settled
             .get(key)
-            .filter(|(_, until, _)| *until > now)
-            .map_or(0, |(t, _, _)| *t);
+            .filter(|(_, until)| *until > now)
+            .map_or(0, |(t, _)| *t);
         pending.saturating_add(settled)
     }
 
     fn settle(&mut self, key: &Arc<[u8]>, tokens: u64, now: Nanos, bound: usize) {
-        self.next_id += 1;
-        let id = self.next_id;
         let until = now.saturating_add(SETTLED_FOR);
-        let e = self.settled.entry(key.clone()).or_insert((0, until, id));
-        let kept = if e.1 > now { e.0 } else { 0 };
-        *e = (kept.saturating_add(tokens), until, id);
-        self.order.push_back((key.clone(), id));
+        match self.settled.get_mut(key) {
+            Some(e) => {
+                let kept = if e.1 > now { e.0 } else { 0 };
+                *e = (kept.saturating_add(tokens), until);
+            }
+            None => {
+                self.settled.insert(key.clone(), (tokens, until));
+                self.order.push_back((key.clone(), until));
+            }
+        }
         self.trim(now, bound);
     }
 
     /// Drop expired settled spending, and the oldest beyond `bound` keys.
-    /// `order` holds one mark per settle (a key settled again leaves its
-    /// older mark stale); stale and expired marks leave from the front,
-    /// and the marks are bounded too (a front mark that is live goes once
-    /// the marks pass four per bound).
+    /// A front mark whose key was settled again since it was queued goes to
+    /// the back with its new `until` (each settle moves a mark at most
+    /// once: amortized O(1)); a mark whose key is gone (forgotten) leaves.
     fn trim(&mut self, now: Nanos, bound: usize) {
-        while let Some((k, id)) = self.order.front() {
-            let live = self.settled.get(k).filter(|(_, _, i)| i == id).copied();
-            let over =
-                self.settled.len() > bound || self.order.len() > bound.max(1).saturating_mul(4);
-            match live {
+        while let Some((k, queued)) = self.order.front() {
+            match self.settled.get(k).copied() {
                 None => {}
-                Some((_, until, _)) if until <= now || over => {
+                Some((_, until)) if until <= now || self.settled.len() > bound => {
                     self.settled.remove(k);
+                }
+                Some((_, until)) if until > *queued => {
+                    if let Some((k, _)) = self.order.pop_front() {
+                        self.order.push_back((k, until));
+                    }
+                    continue;
                 }
                 Some(_) => break,
             }
@@ -455,6 +462,45 @@ mod tests {
         l.observe(&b, &sp, &owner_said(90), 0, later);
         l.observe(&a, &sp, &owner_said(24), 0, later);
         assert_eq!(admitted(&l, &a, &sp, 3, later, 10), 4, "24 / 3 less the 4");
+    }
+
+    /// The settled spending of a key is kept its whole `SETTLED_FOR`
+    /// however often other keys settle: one key reported again and again
+    /// (tiered mode reports a hot key every round) keeps one mark, and
+    /// never pushes a quiet key's spending out of a table with room for
+    /// both. (With a mark per settle, bounded at 4 per key of room, the
+    /// quiet key's spending went after 8 settles of the hot one.)
+    #[test]
+    fn a_hot_key_settling_often_never_crowds_out_a_quiet_one() {
+        let (hot, quiet): (Arc<[u8]>, Arc<[u8]>) = (
+            key::encode("n", "hot").into(),
+            key::encode("n", "quiet").into(),
+        );
+        let mut t = Table::default();
+        t.settle(&quiet, 5, 0, 2);
+        for at in 1..=1_000 {
+            t.settle(&hot, 1, at, 2);
+        }
+        assert_eq!(t.unaccounted(&quiet, 1_000), 5, "the quiet key's 5");
+        assert_eq!(t.unaccounted(&hot, 1_000), 1_000);
+        assert_eq!(t.order.len(), 2, "one mark per key");
+        // Past its time the quiet key's spending goes; the hot key, settled
+        // since, stays.
+        t.trim(SETTLED_FOR + 1, 2);
+        assert_eq!(t.unaccounted(&quiet, SETTLED_FOR + 1), 0);
+        assert!(!t.settled.contains_key(&quiet), "gone from memory too");
+        assert_eq!(t.unaccounted(&hot, SETTLED_FOR + 1), 1_000);
+        // A third key in a table with room for two: the oldest goes.
+        let third: Arc<[u8]> = key::encode("n", "third").into();
+        t.settle(&quiet, 5, SETTLED_FOR + 2, 2);
+        t.settle(&third, 7, SETTLED_FOR + 3, 2);
+        assert_eq!(t.settled.len(), 2);
+        assert_eq!(
+            t.unaccounted(&hot, SETTLED_FOR + 3),
+            0,
+            "the oldest settled"
+        );
+        assert_eq!(t.unaccounted(&third, SETTLED_FOR + 3), 7);
     }
 
     /// A lease decision on a key the owner never answered for does not
