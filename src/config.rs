@@ -383,6 +383,10 @@ pub const MIN_MAX_MEMORY: u64 = 1 << 20;
 /// spending (`lease::SETTLED_FOR`) for longer than any forward can wait.
 pub const MAX_FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The longest any other interval setting may be (a week: `dead_grace`,
+/// an hour by default, is the longest anyone sets).
+pub const MAX_INTERVAL: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// How far a peer token's timestamp may be from this node's clock, unless
 /// configured (`cluster.token_window`).
 pub const TOKEN_WINDOW: Duration = Duration::from_secs(10);
@@ -500,6 +504,33 @@ impl Config {
                     "cluster.{field} is no longer used (ownership moves by a transfer that is known to be complete; this build speaks peer protocol {}); ignored",
                     crate::proto::PEER_PROTOCOL_VERSION
                 );
+            }
+        }
+        // Every interval is multiplied or added to an instant somewhere (the
+        // join wait is 10 gossip rounds, a tiered grace 3 report rounds):
+        // bounded, none of that can overflow.
+        for (key, d) in [
+            ("limits.sweep_interval", self.limits.sweep_interval),
+            (
+                "limits.idle_connection_timeout",
+                self.limits.idle_connection_timeout,
+            ),
+            ("cluster.gossip_interval", c.gossip_interval),
+            ("cluster.dead_grace", c.dead_grace),
+            ("cluster.batch_wait", c.batch_wait),
+            ("cluster.leave_grace", c.leave_grace),
+            ("cluster.breaker_cooldown", c.breaker_cooldown),
+            ("cluster.report_interval", c.report_interval),
+            ("cluster.replicate_interval", c.replicate_interval),
+            ("cluster.handoff_timeout", c.handoff_timeout),
+            ("cluster.token_window", c.token_window),
+            ("cluster.tiered_allotment_ttl", c.tiered_allotment_ttl),
+        ] {
+            if d > MAX_INTERVAL {
+                return Err(ConfigError(format!(
+                    "{key}: at most {}",
+                    humantime::format_duration(MAX_INTERVAL)
+                )));
             }
         }
         if c.replicate_interval.is_zero() {

@@ -90,6 +90,24 @@ fn errors_name_the_key() {
             "[cluster]\nforward_timeout = \"11s\"\n",
             "cluster.forward_timeout: at most 10s",
         ),
+        // Durations that would overflow where they are multiplied (the
+        // join wait, a tiered grace) are refused, never a panic.
+        (
+            "[cluster]\ngossip_interval = \"100000000years\"\n",
+            "cluster.gossip_interval: at most 7days",
+        ),
+        (
+            "[cluster]\nreport_interval = \"8days\"\n",
+            "cluster.report_interval: at most 7days",
+        ),
+        (
+            "[cluster]\ntiered_allotment_ttl = \"500000000000years\"\n",
+            "cluster.tiered_allotment_ttl: at most 7days",
+        ),
+        (
+            "[cluster]\ndead_grace = \"30days\"\n",
+            "cluster.dead_grace: at most 7days",
+        ),
     ];
     for (body, key) in cases {
         let file = write(&dir, body);
