@@ -37,6 +37,10 @@ pub struct Config {
     pub node_id: String,
     /// gRPC: the public API, admin API, health and reflection.
     pub grpc_addr: SocketAddr,
+    /// The decision APIs on a Unix socket too (`RateLimiter`, Envoy RLS,
+    /// health): the node-local path for apps on the same host (a
+    /// DaemonSet's pods), skipping the TCP stack. None: off.
+    pub grpc_uds: Option<std::path::PathBuf>,
     /// HTTP: `/metrics`, `/healthz`, `/readyz`.
     pub http_addr: SocketAddr,
     /// The admin API's own listener and credential.
@@ -334,6 +338,7 @@ impl Default for Config {
         Config {
             node_id: std::env::var("HOSTNAME").unwrap_or_else(|_| "sluice".to_string()),
             grpc_addr: "0.0.0.0:8081".parse().expect("valid literal"),
+            grpc_uds: None,
             http_addr: "0.0.0.0:8080".parse().expect("valid literal"),
             admin: AdminConfig::default(),
             log_format: LogFormat::Text,
@@ -382,6 +387,9 @@ pub const MIN_MAX_MEMORY: u64 = 1 << 20;
 /// The longest `cluster.forward_timeout`: an edge keeps acknowledged lease
 /// spending (`lease::SETTLED_FOR`) for longer than any forward can wait.
 pub const MAX_FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The longest `grpc_uds` path a Unix socket address holds.
+pub const MAX_UDS_PATH: usize = 107;
 
 /// The longest any other interval setting may be (a week: `dead_grace`,
 /// an hour by default, is the longest anyone sets).
@@ -530,6 +538,15 @@ impl Config {
                 return Err(ConfigError(format!(
                     "{key}: at most {}",
                     humantime::format_duration(MAX_INTERVAL)
+                )));
+            }
+        }
+        if let Some(path) = &self.grpc_uds {
+            // sun_path holds 108 bytes, the last a NUL.
+            let len = path.as_os_str().len();
+            if len == 0 || len > MAX_UDS_PATH {
+                return Err(ConfigError(format!(
+                    "grpc_uds: a socket path of 1 to {MAX_UDS_PATH} bytes (got {len})"
                 )));
             }
         }

@@ -215,7 +215,7 @@ async fn connect_with(
     addr: &str,
     tls: Option<tonic::transport::ClientTlsConfig>,
 ) -> Result<tonic::transport::Channel, Box<dyn std::error::Error + Send + Sync>> {
-    let url = if addr.contains("://") {
+    let url = if addr.contains("://") || addr.starts_with("unix:") {
         addr.to_string()
     } else if tls.is_some() {
         format!("https://{addr}")

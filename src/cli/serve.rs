@@ -23,6 +23,9 @@ pub struct ServeArgs {
     /// gRPC listen address [default: 0.0.0.0:8081].
     #[arg(long)]
     grpc_addr: Option<SocketAddr>,
+    /// Also serve the decision APIs on this Unix socket (same-host apps).
+    #[arg(long)]
+    grpc_uds: Option<PathBuf>,
     /// HTTP admin listen address (/metrics, /healthz, /readyz) [default: 0.0.0.0:8080].
     #[arg(long)]
     http_addr: Option<SocketAddr>,
@@ -48,6 +51,12 @@ impl ServeArgs {
         };
         if let Some(a) = self.grpc_addr {
             set("grpc_addr", toml::Value::String(a.to_string()));
+        }
+        if let Some(p) = &self.grpc_uds {
+            set(
+                "grpc_uds",
+                toml::Value::String(p.to_string_lossy().into_owned()),
+            );
         }
         if let Some(a) = self.http_addr {
             set("http_addr", toml::Value::String(a.to_string()));

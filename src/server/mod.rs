@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::algorithm::Bounds;
 use tasks::{every, follow_ring, report};
 mod tasks;
+mod uds;
 mod watch;
 
 use crate::clock::SharedClock;
@@ -84,6 +85,9 @@ pub struct Node {
     handoff_timeout: Duration,
     shutdown: CancellationToken,
     tasks: JoinSet<()>,
+    /// `grpc_uds`'s socket file, removed when the node is dropped (after
+    /// its servers stopped).
+    _socket_file: Option<uds::SocketFile>,
 }
 
 fn bind_error(what: &'static str, addr: SocketAddr) -> impl FnOnce(std::io::Error) -> StartError {
@@ -183,6 +187,10 @@ impl Node {
                 "the admin API listens beyond loopback in plaintext: its token crosses the network in clear; keep admin.addr on loopback or a private network"
             );
         }
+        let uds = match &config.grpc_uds {
+            Some(path) => Some(uds::bind(path)?),
+            None => None,
+        };
         let peer_listener = match cluster.peer_addr {
             Some(addr) => Some(
                 TcpListener::bind(addr)
@@ -358,6 +366,24 @@ impl Node {
                 tasks.spawn(services.serve(Api::Peer, peer, peer_tls, shutdown.clone())?);
             }
         }
+        let socket_file = match uds {
+            Some((listener, file)) => {
+                let uds = crate::service::listener::Listener {
+                    name: "grpc_uds",
+                    listener,
+                    max_connections: config.limits.max_connections,
+                    idle_timeout: config.limits.idle_connection_timeout,
+                    resources: limiter.metrics().resources.clone(),
+                };
+                tasks.spawn(services.serve_on(
+                    Api::Public,
+                    crate::service::grpc::Socket::Unix(uds),
+                    shutdown.clone(),
+                )?);
+                Some(file)
+            }
+            None => None,
+        };
         let admin_listener = crate::service::listener::Listener {
             name: "admin",
             listener: admin_listener,
@@ -472,6 +498,7 @@ impl Node {
             handoff_timeout: cluster.handoff_timeout,
             shutdown,
             tasks,
+            _socket_file: socket_file,
         })
     }
 

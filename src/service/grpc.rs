@@ -146,6 +146,16 @@ impl Services {
         tls: Option<Arc<Reloading>>,
         token: CancellationToken,
     ) -> Result<impl std::future::Future<Output = ()> + use<>, GrpcError> {
+        self.serve_on(api, Socket::Tcp(listener, tls), token)
+    }
+
+    /// Serve `api` on `socket` until `token` is cancelled.
+    pub fn serve_on(
+        &self,
+        api: Api,
+        socket: Socket,
+        token: CancellationToken,
+    ) -> Result<impl std::future::Future<Output = ()> + use<>, GrpcError> {
         let reflection = || {
             tonic_reflection::server::Builder::configure()
                 .register_encoded_file_descriptor_set(sluice_api::FILE_DESCRIPTOR_SET)
@@ -195,16 +205,24 @@ impl Services {
                 }
             }
         }
-        let name = listener.name;
+        let name = match &socket {
+            Socket::Tcp(l, _) => l.name,
+            Socket::Unix(l) => l.name,
+        };
         Ok(async move {
             let shutdown = token.clone().cancelled_owned();
-            let served = match tls {
-                Some(tls) => {
+            let served = match socket {
+                Socket::Tcp(listener, Some(tls)) => {
                     router
                         .serve_with_incoming_shutdown(listener.tls(tls, token), shutdown)
                         .await
                 }
-                None => {
+                Socket::Tcp(listener, None) => {
+                    router
+                        .serve_with_incoming_shutdown(listener.plain(token), shutdown)
+                        .await
+                }
+                Socket::Unix(listener) => {
                     router
                         .serve_with_incoming_shutdown(listener.plain(token), shutdown)
                         .await
@@ -215,6 +233,15 @@ impl Services {
             }
         })
     }
+}
+
+/// Where a gRPC server listens.
+pub enum Socket {
+    /// TCP, with TLS when configured.
+    Tcp(Listener, Option<Arc<Reloading>>),
+    /// A Unix socket (`grpc_uds`): same-host callers; no TLS — the
+    /// socket file's permissions say who may connect.
+    Unix(Listener<tokio::net::UnixListener>),
 }
 
 /// tonic answers a message above `max_decoding_message_size` with

@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
-use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo, UdsConnectInfo};
 
 /// At most this long between keepalive pings, and at most this long for
 /// each ping's ack (hyper's own default), however long the idle timeout.
@@ -127,6 +127,10 @@ fn begin(extensions: &mut http::Extensions) -> Option<Call> {
         return Some(c.0.activity.call());
     }
     if let Some(c) = extensions.get::<ConnInfo<TcpConnectInfo>>().cloned() {
+        extensions.insert(c.transport);
+        return Some(c.activity.call());
+    }
+    if let Some(c) = extensions.get::<ConnInfo<UdsConnectInfo>>().cloned() {
         extensions.insert(c.transport);
         return Some(c.activity.call());
     }

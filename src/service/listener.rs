@@ -111,11 +111,35 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Limited<IO> {
     }
 }
 
+/// A socket that accepts connections: TCP, or a Unix socket (the
+/// node-local path: apps on the same host skip the TCP stack).
+pub trait Accept: Send + 'static {
+    type Stream: Send + 'static;
+    fn accept_one(&self) -> impl std::future::Future<Output = io::Result<Self::Stream>> + Send;
+}
+
+impl Accept for TcpListener {
+    type Stream = TcpStream;
+    async fn accept_one(&self) -> io::Result<TcpStream> {
+        let (tcp, _) = self.accept().await?;
+        // Nagle and delayed ACKs would hold small answers back.
+        let _ = tcp.set_nodelay(true);
+        Ok(tcp)
+    }
+}
+
+impl Accept for tokio::net::UnixListener {
+    type Stream = tokio::net::UnixStream;
+    async fn accept_one(&self) -> io::Result<tokio::net::UnixStream> {
+        self.accept().await.map(|(s, _)| s)
+    }
+}
+
 /// One listener's settings.
-pub struct Listener {
-    /// `grpc` or `peer`: the metrics label.
+pub struct Listener<L = TcpListener> {
+    /// `grpc`, `grpc_uds`, `peer`, `admin` or `http`: the metrics label.
     pub name: &'static str,
-    pub listener: TcpListener,
+    pub listener: L,
     pub max_connections: usize,
     /// A connection with no call in progress this long is closed.
     pub idle_timeout: Duration,
@@ -124,12 +148,73 @@ pub struct Listener {
 
 type Incoming<IO> = ReceiverStream<io::Result<Limited<IO>>>;
 
-impl Listener {
-    /// Plain TCP connections.
-    pub fn plain(self, token: CancellationToken) -> Incoming<TcpStream> {
-        self.accept(token, |tcp| async move { Ok(tcp) })
+impl<L: Accept> Listener<L> {
+    /// Plain connections (no TLS).
+    pub fn plain(self, token: CancellationToken) -> Incoming<L::Stream> {
+        self.accept(token, |s| async move { Ok(s) })
     }
 
+    fn accept<IO, F, Fut>(self, token: CancellationToken, handshake: F) -> Incoming<IO>
+    where
+        IO: Send + 'static,
+        F: Fn(L::Stream) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = io::Result<IO>> + Send + 'static,
+    {
+        let (tx, rx) = mpsc::channel(READY_QUEUE);
+        let permits = Arc::new(Semaphore::new(self.max_connections.max(1)));
+        let Listener {
+            name,
+            listener,
+            max_connections,
+            idle_timeout,
+            resources,
+        } = self;
+        resources.listener(name, permits.clone(), max_connections.max(1));
+        tokio::spawn(async move {
+            loop {
+                let stream = tokio::select! {
+                    _ = token.cancelled() => return,
+                    accepted = listener.accept_one() => match accepted {
+                        Ok(stream) => stream,
+                        Err(e) => {
+                            // Out of descriptors, say: back off rather than spin.
+                            tracing::warn!(listener = name, error = %e, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    },
+                };
+                let Ok(permit) = permits.clone().try_acquire_owned() else {
+                    resources.exhausted("connections");
+                    drop(stream);
+                    continue;
+                };
+                let (tx, handshake) = (tx.clone(), handshake(stream));
+                let resources = resources.clone();
+                tokio::spawn(async move {
+                    if let Ok(io) = handshake.await {
+                        // Idle from the end of the handshake (which has
+                        // its own timeout).
+                        let activity = Activity::new();
+                        let conn = Limited {
+                            io,
+                            _permit: permit,
+                            idle: Idle::new(activity.clone(), idle_timeout),
+                            activity,
+                            ended: false,
+                            name,
+                            resources,
+                        };
+                        let _ = tx.send(Ok(conn)).await;
+                    }
+                });
+            }
+        });
+        ReceiverStream::new(rx)
+    }
+}
+
+impl Listener {
     /// TLS connections, handshaken with the config current at accept time.
     pub fn tls(
         self,
@@ -153,67 +238,6 @@ impl Listener {
                 }
             }
         })
-    }
-
-    fn accept<IO, F, Fut>(self, token: CancellationToken, handshake: F) -> Incoming<IO>
-    where
-        IO: Send + 'static,
-        F: Fn(TcpStream) -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = io::Result<IO>> + Send + 'static,
-    {
-        let (tx, rx) = mpsc::channel(READY_QUEUE);
-        let permits = Arc::new(Semaphore::new(self.max_connections.max(1)));
-        let Listener {
-            name,
-            listener,
-            max_connections,
-            idle_timeout,
-            resources,
-        } = self;
-        resources.listener(name, permits.clone(), max_connections.max(1));
-        tokio::spawn(async move {
-            loop {
-                let tcp = tokio::select! {
-                    _ = token.cancelled() => return,
-                    accepted = listener.accept() => match accepted {
-                        Ok((tcp, _)) => tcp,
-                        Err(e) => {
-                            // Out of descriptors, say: back off rather than spin.
-                            tracing::warn!(listener = name, error = %e, "accept failed");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                            continue;
-                        }
-                    },
-                };
-                let Ok(permit) = permits.clone().try_acquire_owned() else {
-                    resources.exhausted("connections");
-                    drop(tcp);
-                    continue;
-                };
-                // Nagle and delayed ACKs would hold small answers back.
-                let _ = tcp.set_nodelay(true);
-                let (tx, handshake) = (tx.clone(), handshake(tcp));
-                let resources = resources.clone();
-                tokio::spawn(async move {
-                    if let Ok(io) = handshake.await {
-                        // Idle from the end of the handshake (which has
-                        // its own timeout).
-                        let activity = Activity::new();
-                        let conn = Limited {
-                            io,
-                            _permit: permit,
-                            idle: Idle::new(activity.clone(), idle_timeout),
-                            activity,
-                            ended: false,
-                            name,
-                            resources,
-                        };
-                        let _ = tx.send(Ok(conn)).await;
-                    }
-                });
-            }
-        });
-        ReceiverStream::new(rx)
     }
 }
 

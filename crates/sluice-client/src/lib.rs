@@ -193,7 +193,8 @@ impl Builder {
             .addrs
             .iter()
             .map(|a| {
-                let url = if a.contains("://") {
+                // `unix:/path`: a node's `grpc_uds` on this host.
+                let url = if a.contains("://") || a.starts_with("unix:") {
                     a.clone()
                 } else {
                     format!("http://{a}")
