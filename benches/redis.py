@@ -57,13 +57,15 @@ def ensure_binary():
 
 
 class Redis:
-    """redis-server on a loopback port, persistence off, pinned to core 0."""
+    """redis-server on a loopback port (and on a Unix socket at
+    `unixsocket`, if given), persistence off, pinned to core 0."""
 
-    def __init__(self):
+    def __init__(self, unixsocket=None):
         self.port = free_port()
+        uds = ["--unixsocket", unixsocket, "--unixsocketperm", "700"] if unixsocket else []
         self.proc = subprocess.Popen(
             ["taskset", "-c", "0", "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--protected-mode", "no"],
+             "--save", "", "--appendonly", "no", "--protected-mode", "no", *uds],
             stdout=subprocess.DEVNULL)
         self.addr = f"127.0.0.1:{self.port}"
         deadline = time.time() + 10

@@ -116,6 +116,35 @@ def token_dir_writable():
     print(f"{checked} Sluice containers can write their admin token")
 
 
+def socket_dir_shared():
+    """A container that serves grpc_uds has the socket's directory on a
+    writable hostPath volume (app pods on the host mount the same path)."""
+    checked = 0
+    for name in sorted(os.listdir(K8S)):
+        if not name.endswith(".yaml"):
+            continue
+        for doc in load_docs(os.path.join(K8S, name)):
+            spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+            volumes = {v["name"]: v for v in spec.get("volumes", [])}
+            for c in spec.get("containers", []):
+                env = {e["name"]: e.get("value") for e in c.get("env", [])}
+                path = env.get("SLUICE_GRPC_UDS")
+                if path is None:
+                    continue
+                if len(path.encode()) > 107:
+                    sys.exit(f"{name}: SLUICE_GRPC_UDS {path!r} is longer than a socket path holds")
+                directory = os.path.dirname(path)
+                mounts = [m for m in c.get("volumeMounts", []) if m["mountPath"] == directory]
+                if not mounts or mounts[0].get("readOnly"):
+                    sys.exit(f"{name}: container {c['name']} serves {path} with no writable "
+                             f"volume at {directory}")
+                if "hostPath" not in volumes.get(mounts[0]["name"], {}):
+                    sys.exit(f"{name}: {directory} must be a hostPath volume: the host's app "
+                             "pods reach the socket through it")
+                checked += 1
+    print(f"{checked} Sluice containers share their Unix socket's directory with the host")
+
+
 def shipped_config_loads(binary):
     with open(os.path.join(K8S, "configmap.yaml")) as f:
         data = yaml.safe_load(f)["data"]
@@ -260,6 +289,7 @@ if __name__ == "__main__":
         sys.exit(0)
     validate()
     token_dir_writable()
+    socket_dir_shared()
     prometheus_rule_matches()
     pod_monitor_matches()
     shipped_config_loads(sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target/release/sluice"))

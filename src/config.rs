@@ -39,7 +39,8 @@ pub struct Config {
     pub grpc_addr: SocketAddr,
     /// The decision APIs on a Unix socket too (`RateLimiter`, Envoy RLS,
     /// health): the node-local path for apps on the same host (a
-    /// DaemonSet's pods), skipping the TCP stack. None: off.
+    /// DaemonSet's pods), skipping the TCP stack. The socket is open to
+    /// every user; its directory decides who reaches it. None: off.
     pub grpc_uds: Option<std::path::PathBuf>,
     /// HTTP: `/metrics`, `/healthz`, `/readyz`.
     pub http_addr: SocketAddr,

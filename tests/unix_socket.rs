@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 
 use common::{ADMIN_TOKEN, config, inline, start, under};
@@ -51,6 +52,9 @@ async fn the_unix_socket_decides_on_the_same_counts_as_tcp() {
     c.grpc_uds = Some(path.clone());
     let t = start(c).await;
     let uds = unix_channel(&path).await;
+    // Open to apps running as other users: its directory is the guard.
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o666, "{mode:o}");
 
     let health = HealthClient::new(uds.clone())
         .check(HealthCheckRequest {

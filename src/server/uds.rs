@@ -3,9 +3,10 @@
 //! binding first clears a *stale* one — a socket nothing answers on — and
 //! refuses a live one (another node serving there) or a path that is not
 //! a socket at all (never delete an operator's file). The file is removed
-//! when the node stops.
+//! when the node stops. It is open to every user (mode 0666): who may
+//! connect is decided by who reaches its directory.
 
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use tokio::net::UnixListener;
@@ -38,5 +39,12 @@ pub fn bind(path: &Path) -> Result<(UnixListener, SocketFile), ConfigError> {
         Err(e) => return Err(fail(e.to_string())),
     }
     let listener = UnixListener::bind(path).map_err(|e| fail(e.to_string()))?;
-    Ok((listener, SocketFile(path.to_path_buf())))
+    let file = SocketFile(path.to_path_buf());
+    // Connecting takes write permission on the socket, and apps run as
+    // other users: anyone who reaches the directory may connect — the
+    // directory (a hostPath mounted into the pods that may) is the guard,
+    // as the TCP port is open to anyone who reaches it.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))
+        .map_err(|e| fail(format!("cannot open it to other users: {e}")))?;
+    Ok((listener, file))
 }

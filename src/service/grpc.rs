@@ -239,8 +239,8 @@ impl Services {
 pub enum Socket {
     /// TCP, with TLS when configured.
     Tcp(Listener, Option<Arc<Reloading>>),
-    /// A Unix socket (`grpc_uds`): same-host callers; no TLS — the
-    /// socket file's permissions say who may connect.
+    /// A Unix socket (`grpc_uds`): same-host callers; no TLS — who
+    /// reaches the socket's directory may connect.
     Unix(Listener<tokio::net::UnixListener>),
 }
 

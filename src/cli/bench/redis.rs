@@ -13,8 +13,13 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::{TcpStream, UnixStream};
+
+/// A connection to Redis: TCP, or its Unix socket (`unix:/path`, for the
+/// same-transport comparison with Sluice's `grpc_uds`).
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 /// KEYS[1]: the bucket. ARGV: now (µs since the epoch), capacity (the
 /// limit), the period in µs, the cost. Returns {admitted 0|1, whole tokens
@@ -58,7 +63,7 @@ pub enum Reply {
 
 /// One connection to Redis, with the script loaded.
 pub struct Conn {
-    stream: BufReader<TcpStream>,
+    stream: BufReader<Box<dyn Io>>,
     sha: String,
     out: Vec<u8>,
 }
@@ -67,12 +72,22 @@ pub type RedisResult<T> = Result<T, String>;
 
 impl Conn {
     pub async fn connect(addr: &str) -> RedisResult<Conn> {
-        let tcp = TcpStream::connect(addr)
-            .await
-            .map_err(|e| format!("--addr {addr}: {e}"))?;
-        let _ = tcp.set_nodelay(true);
+        let io: Box<dyn Io> = match addr.strip_prefix("unix:") {
+            Some(path) => Box::new(
+                UnixStream::connect(path.trim_start_matches("//"))
+                    .await
+                    .map_err(|e| format!("--addr {addr}: {e}"))?,
+            ),
+            None => {
+                let tcp = TcpStream::connect(addr)
+                    .await
+                    .map_err(|e| format!("--addr {addr}: {e}"))?;
+                let _ = tcp.set_nodelay(true);
+                Box::new(tcp)
+            }
+        };
         let mut conn = Conn {
-            stream: BufReader::new(tcp),
+            stream: BufReader::new(io),
             sha: String::new(),
             out: Vec::new(),
         };
