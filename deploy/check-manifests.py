@@ -116,14 +116,31 @@ def token_dir_writable():
     print(f"{checked} Sluice containers can write their admin token")
 
 
+# The DaemonSet's Unix socket is opt-in: these commented-out lines, once
+# uncommented, enable it (its directory must be provisioned on the host).
+SOCKET_OPT_IN = ("- name: SLUICE_GRPC_UDS", "value: /var/run/sluice-socket/",
+                 "- {name: socket,", "- name: socket", "hostPath: {path: /var/run/sluice-socket")
+
+
+def with_socket_opted_in(text):
+    import re
+    return re.sub(r"^(\s*)# (\s*)(.*)$",
+                  lambda m: m.group(1) + m.group(2) + m.group(3)
+                  if m.group(3).startswith(SOCKET_OPT_IN) else m.group(0),
+                  text, flags=re.M)
+
+
 def socket_dir_shared():
-    """A container that serves grpc_uds has the socket's directory on a
-    writable hostPath volume (app pods on the host mount the same path)."""
+    """A container that serves grpc_uds — the DaemonSet with its opt-in
+    lines uncommented — has the socket's directory on a writable hostPath
+    volume (the host's app pods mount the same path)."""
     checked = 0
     for name in sorted(os.listdir(K8S)):
         if not name.endswith(".yaml"):
             continue
-        for doc in load_docs(os.path.join(K8S, name)):
+        with open(os.path.join(K8S, name)) as f:
+            docs = [d for d in yaml.safe_load_all(with_socket_opted_in(f.read())) if d]
+        for doc in docs:
             spec = doc.get("spec", {}).get("template", {}).get("spec", {})
             volumes = {v["name"]: v for v in spec.get("volumes", [])}
             for c in spec.get("containers", []):
@@ -142,7 +159,11 @@ def socket_dir_shared():
                     sys.exit(f"{name}: {directory} must be a hostPath volume: the host's app "
                              "pods reach the socket through it")
                 checked += 1
-    print(f"{checked} Sluice containers share their Unix socket's directory with the host")
+    if checked == 0:
+        sys.exit("no Sluice container serves grpc_uds, even with the DaemonSet's opt-in "
+                 "lines uncommented")
+    print(f"{checked} Sluice container(s) share their Unix socket's directory with the host "
+          "once opted in (deploy/k8s/daemonset.yaml)")
 
 
 def shipped_config_loads(binary):

@@ -551,6 +551,11 @@ impl Config {
                 )));
             }
         }
+        if c.report_interval.is_zero() {
+            return Err(ConfigError(
+                "cluster.report_interval: must be greater than zero".into(),
+            ));
+        }
         if c.replicate_interval.is_zero() {
             return Err(ConfigError(
                 "cluster.replicate_interval: must be greater than zero".into(),

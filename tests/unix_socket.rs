@@ -124,7 +124,13 @@ async fn a_stale_socket_is_replaced_a_live_one_or_a_file_never() {
         err.starts_with("grpc_uds: ") && err.contains("another process is listening"),
         "{err}"
     );
-    assert!(under(&check(&uds, "stale").await), "the first still serves");
+    // The first still serves there — on a new connection (the refused
+    // start must not have removed or replaced its socket).
+    assert!(path.exists());
+    assert!(
+        under(&check(&unix_channel(&path).await, "stale").await),
+        "the first still serves"
+    );
     t.node.kill().await;
 
     // A path that is not a socket is never removed.

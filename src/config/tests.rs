@@ -108,6 +108,15 @@ fn errors_name_the_key() {
             "[cluster]\ndead_grace = \"30days\"\n",
             "cluster.dead_grace: at most 7days",
         ),
+        // Intervals of a periodic task: zero would panic in the task.
+        (
+            "[cluster]\nreport_interval = \"0s\"\n",
+            "cluster.report_interval: must be greater than zero",
+        ),
+        (
+            "[limits]\nsweep_interval = \"0s\"\n",
+            "limits.sweep_interval: must be greater than zero",
+        ),
     ];
     for (body, key) in cases {
         let file = write(&dir, body);

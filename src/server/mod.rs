@@ -187,8 +187,18 @@ impl Node {
                 "the admin API listens beyond loopback in plaintext: its token crosses the network in clear; keep admin.addr on loopback or a private network"
             );
         }
+        if config.grpc_uds.is_some()
+            && config
+                .tls
+                .as_ref()
+                .is_some_and(|t| t.client_ca_file.is_some())
+        {
+            tracing::warn!(
+                "grpc_uds takes callers without client certificates (tls.client_ca_file guards the TCP port only): the socket's directory is its only guard"
+            );
+        }
         let uds = match &config.grpc_uds {
-            Some(path) => Some(uds::bind(path)?),
+            Some(path) => Some(uds::bind(path).await?),
             None => None,
         };
         let peer_listener = match cluster.peer_addr {
@@ -479,6 +489,8 @@ impl Node {
                 _ = limiter.adopted(membership.view().ring.epoch(), Duration::from_secs(2)) => {}
                 _ = stop.cancelled() => {}
             }
+        }
+        if !stop.is_cancelled() {
             readiness.set_serving(true).await;
             tracing::info!(%grpc_addr, %http_addr, %gossip_addr, node_id = %config.node_id, "serving");
         } else {
