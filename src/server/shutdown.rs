@@ -1,0 +1,85 @@
+//! How a node stops: leaving gracefully (announce, hand off, report),
+//! or as a crash would; both end by stopping every task.
+
+use std::time::Duration;
+
+use super::*;
+
+impl Node {
+    /// Leave gracefully: announce `leaving` (peers drop this node from their
+    /// rings at once and ask it for their keys), keep answering — sending
+    /// callers to the new owners — until every new owner has taken its keys
+    /// (at least `leave_grace`, at most `handoff_timeout`), push what was
+    /// not taken, send the last lease reports, then stop everything.
+    pub async fn leave(self) {
+        self.readiness.set_serving(false).await;
+        self.membership.set_state(Lifecycle::Leaving).await;
+        let started = tokio::time::Instant::now();
+        let grace = started + self.leave_grace;
+        let deadline = started + self.handoff_timeout.max(self.leave_grace);
+        tokio::time::sleep_until(grace).await;
+        while tokio::time::Instant::now() < deadline && !self.limiter.delivered() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let within = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let handoff = self
+            .limiter
+            .hand_off(within.max(Duration::from_millis(500)))
+            .await;
+        // The last lease reports, retried (an owner's breaker may still be
+        // cooling down from a fault just healed) until each is
+        // acknowledged or the handoff's time is up.
+        let until = deadline.max(tokio::time::Instant::now() + Duration::from_millis(500));
+        let mut acked = 0;
+        loop {
+            acked += self.limiter.flush_reports().await;
+            if self.limiter.leases().unreported() == 0 || tokio::time::Instant::now() >= until {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.membership.announce_left().await;
+        tracing::info!(
+            taken = self.limiter.delivered(),
+            pushed = handoff.keys,
+            confirmed = handoff.confirmed,
+            reports = acked,
+            unreported = self.limiter.leases().unreported(),
+            "left"
+        );
+        self.stop().await;
+    }
+
+    /// Stop without announcing anything, as a crash would (peers find out
+    /// from their failure detectors).
+    pub async fn kill(self) {
+        self.readiness.set_serving(false).await;
+        let membership = self.membership.clone();
+        // Joining the gossip thread blocks: do it off the runtime's workers.
+        let _ = tokio::task::spawn_blocking(move || membership.shutdown()).await;
+        self.stop().await;
+    }
+
+    async fn stop(mut self) {
+        self.shutdown.cancel();
+        // Unary calls end within their budget (2 s at most) and health
+        // `Watch` streams when readiness drops its statuses; past DRAIN, a
+        // task still waiting (a stream of some other kind) is aborted and
+        // its connections are left to the process's exit.
+        let drained = tokio::time::timeout(DRAIN, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(?DRAIN, "calls still open at shutdown; not waiting for them");
+            self.tasks.abort_all();
+            while self.tasks.join_next().await.is_some() {}
+        }
+        let membership = self.membership.clone();
+        // Joining the gossip thread blocks: do it off the runtime's workers.
+        let _ = tokio::task::spawn_blocking(move || membership.shutdown()).await;
+    }
+}
+
+/// How long a stopping node waits for open calls to finish.
+const DRAIN: Duration = Duration::from_secs(5);
