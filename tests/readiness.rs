@@ -15,9 +15,9 @@ use std::time::Duration;
 use common::procs::{Proc, check, ports, spawn, spawn_logged};
 use common::{eventually, http_get, inline};
 use sluice::proto::v1 as pb;
-use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
 const GOSSIP_INTERVAL: &str = "500ms";
 const SETTLE: Duration = Duration::from_secs(20);
@@ -38,6 +38,34 @@ async fn health(p: &Proc, service: &str) -> Option<ServingStatus> {
         .await
         .ok()?;
     ServingStatus::try_from(answer.into_inner().status).ok()
+}
+
+/// gRPC health's `Watch` of the server at `p`, over one connection.
+async fn watch_health(p: &Proc) -> tonic::Streaming<HealthCheckResponse> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", p.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    HealthClient::new(channel)
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// How `p`'s process exited, awaited up to [`SETTLE`].
+async fn exit_of(p: &mut Proc) -> std::process::ExitStatus {
+    let until = std::time::Instant::now() + SETTLE;
+    loop {
+        if let Some(exit) = p.child.try_wait().unwrap() {
+            return exit;
+        }
+        assert!(std::time::Instant::now() < until, "{} exits", p.id);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 async fn readyz(p: &Proc) -> u16 {
@@ -128,18 +156,7 @@ async fn a_leaving_node_stops_serving_before_it_goes() {
     // SIGTERM: the node leaves (announces it, hands off) and exits; it is
     // not ready from the moment it starts leaving. Watch the probe over one
     // connection until the process is gone.
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", a.grpc))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut watch = HealthClient::new(channel)
-        .watch(HealthCheckRequest {
-            service: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut watch = watch_health(&a).await;
     let serving = watch.message().await.unwrap().unwrap();
     assert_eq!(serving.status, ServingStatus::Serving as i32);
     assert!(a.signal("TERM"));
@@ -161,14 +178,7 @@ async fn a_leaving_node_stops_serving_before_it_goes() {
         matches!(end, Ok(None) | Err(_)),
         "nothing after NOT_SERVING: {end:?}"
     );
-    let until = std::time::Instant::now() + SETTLE;
-    let exit = loop {
-        if let Some(exit) = a.child.try_wait().unwrap() {
-            break exit;
-        }
-        assert!(std::time::Instant::now() < until, "a exits after leaving");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let exit = exit_of(&mut a).await;
     assert!(exit.success(), "a exits cleanly: {exit:?}");
 }
 
@@ -197,18 +207,7 @@ async fn a_node_stopped_while_joining_exits_cleanly() {
     }
     // Still joining when it is told to stop (or the test proves nothing).
     assert_eq!(readyz(&a).await, 503);
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", a.grpc))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut watch = HealthClient::new(channel)
-        .watch(HealthCheckRequest {
-            service: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut watch = watch_health(&a).await;
     let first = watch.message().await.unwrap().unwrap();
     assert_eq!(first.status, ServingStatus::NotServing as i32);
     assert!(a.signal("TERM"));
@@ -221,13 +220,7 @@ async fn a_node_stopped_while_joining_exits_cleanly() {
         !said.contains(&(ServingStatus::Serving as i32)),
         "never ready after SIGTERM: {said:?}"
     );
-    let exit = loop {
-        if let Some(exit) = a.child.try_wait().unwrap() {
-            break exit;
-        }
-        assert!(std::time::Instant::now() < until, "a exits");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let exit = exit_of(&mut a).await;
     assert!(exit.success(), "a exits cleanly: {exit:?}");
     // Its own word that it never served as ready (a health watch can miss
     // a moment of `SERVING` between two updates; the log cannot).
