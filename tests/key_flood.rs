@@ -126,6 +126,14 @@ async fn start_node(env: &[(&str, String)]) -> Node {
         connect(url.clone()).map(|c| c.is_ok())
     })
     .await;
+    // Serving is not ready: until it is, a check is answered UNAVAILABLE
+    // (NOT_READY), and the steady caller's first check must be admitted.
+    // (Seen once in CI: the port answered before the node turned ready.)
+    let readyz = format!("http://{http}/readyz");
+    eventually("the node ready", Duration::from_secs(20), || async {
+        common::http_get(&readyz).await.0 == 200
+    })
+    .await;
     let channel = connect(url).await.unwrap();
     Node {
         proc,
