@@ -596,3 +596,63 @@ async fn skip_batching_is_bounded_like_a_batch() {
         }
     }
 }
+
+/// What an edge admitted on its lease while an owner was unreachable
+/// reaches the owner before the edge forwards that key again: the owner's
+/// first answer after the fault already counts it. (Reports also go every
+/// `report_interval` — an hour here, so only the forward's own report can
+/// deliver it.) Without that, an owner taking over after a failover decided
+/// on the count it took over, granting the edges' lease spending a second
+/// time until the next report round: +20 per key of a killed owner in the
+/// container chaos test.
+#[tokio::test(flavor = "multi_thread")]
+async fn lease_spending_reaches_the_owner_before_the_key_does() {
+    let nodes = cluster(3, |c| {
+        fast(c);
+        c.cluster.report_interval = Duration::from_secs(3_600);
+    })
+    .await;
+    let by = keys_by_owner(&nodes);
+    let k = by["node-2"][0].clone();
+    let check = || {
+        let mut r = request();
+        r.unique_key = k.clone();
+        r
+    };
+    for i in 0..BEFORE {
+        let a = nodes[0].check_within(check(), DEADLINE).await;
+        assert!(under(&a) && !a.approximate, "check {i}: {a:?}");
+    }
+    nodes[0].node.faults.cut_grpc("node-2");
+    // Its lease: a third of the `BEFORE` left.
+    let lease = (LIMIT - BEFORE) / 3;
+    let mut spent = 0;
+    for _ in 0..2 * lease {
+        let a = nodes[0].check_within(check(), DEADLINE).await;
+        assert!(a.approximate, "{a:?}");
+        spent += i64::from(under(&a));
+    }
+    assert_eq!(spent, lease, "the lease is spent, and no more");
+    nodes[0].node.faults.heal();
+    // The breaker closes after its cooldown; until then the lease (spent)
+    // refuses, approximately. The first exact answer is the owner's.
+    let until = Instant::now() + Duration::from_secs(10);
+    let a = loop {
+        let a = nodes[0].check_within(check(), DEADLINE).await;
+        if !a.approximate {
+            break a;
+        }
+        assert!(!under(&a), "the spent lease admits nothing more: {a:?}");
+        assert!(
+            Instant::now() < until,
+            "no exact answer 10 s after the heal"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(under(&a), "{a:?}");
+    assert_eq!(
+        a.remaining,
+        LIMIT - BEFORE - lease - 1,
+        "the owner counts the lease spending before its first answer: {a:?}"
+    );
+}

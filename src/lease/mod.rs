@@ -20,12 +20,16 @@
 //! applies a report only if its number is above the last it applied from that
 //! edge for that key. A report is retried, unchanged, until acknowledged —
 //! never dropped, never counted twice. Hits admitted meanwhile wait for the
-//! next report.
+//! next report — but never for the key's next decision by an owner: an edge
+//! delivers a key's unreported spending before it forwards that key again,
+//! and an owner absorbs its own before it decides the key (else a new owner
+//! after a failover decides on the count it took over and grants the
+//! edges' lease spending a second time until the next report round).
 
 pub mod tiered;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::algorithm::{Cost, Decision, Nanos, Outcome, Spec};
@@ -57,6 +61,10 @@ struct Pending {
     /// The largest `N` a lease here spent at (each hit cost `N` tokens of
     /// the remembered answer); 1 for hits recorded without a lease.
     scale: u64,
+    /// Some of the hits were admitted on a fallback lease (not a tiered
+    /// allotment, which its owner holds as promised): an owner must hold
+    /// them before it decides the key again.
+    leased: bool,
 }
 
 impl Pending {
@@ -169,6 +177,12 @@ struct Inner {
     /// be decided, observed or evicted between reading what is unreported
     /// and applying it.
     table: Mutex<Table>,
+    /// How many of `table.pending`'s keys are `leased`, kept beside it (and
+    /// changed under its lock) so that the owner's and the forward path's
+    /// check for a key's unreported lease spending costs one atomic load,
+    /// not the lock, while there is none — the rule outside faults, tiered
+    /// mode's steady reports included.
+    leased_keys: AtomicUsize,
     max_pending: usize,
     seq: AtomicU64,
 }
@@ -183,6 +197,7 @@ impl Leases {
             inner: Arc::new(Inner {
                 seen: Store::bounded(max_keys, max_memory).unranked(),
                 table: Mutex::new(Table::default()),
+                leased_keys: AtomicUsize::new(0),
                 max_pending: max_keys.max(1),
                 seq: AtomicU64::new(seq_base),
             }),
@@ -221,9 +236,17 @@ impl Leases {
     /// admin reset: that spending was before it).
     pub fn forget(&self, key: &[u8]) {
         let mut table = self.table();
-        table.pending.remove(key);
+        let gone = table.pending.remove(key);
+        self.uncount(gone.as_ref());
         table.settled.remove(key);
         self.inner.seen.remove(key);
+    }
+
+    /// A pending key left the table (under its lock): one fewer `leased`.
+    fn uncount(&self, gone: Option<&Pending>) {
+        if gone.is_some_and(|p| p.leased) {
+            self.inner.leased_keys.fetch_sub(1, Ordering::Release);
+        }
     }
 
     /// The `remaining` the owner last told this edge, refilled since (and
@@ -270,7 +293,7 @@ impl Leases {
             d.retry_after = None;
         }
         if d.reason == Outcome::WithinLimit && req.hits > 0 {
-            self.queue(&mut table, key, spec, req.hits, n, now);
+            self.queue(&mut table, key, spec, req.hits, n, now, true);
         }
         d
     }
@@ -281,12 +304,22 @@ impl Leases {
     /// always accumulates.
     pub fn record(&self, key: &[u8], spec: &Spec, hits: u64, now: Nanos) {
         let mut table = self.table();
-        self.queue(&mut table, key, spec, hits, 1, now);
+        self.queue(&mut table, key, spec, hits, 1, now, false);
     }
 
     /// [`Leases::record`], for hits that cost `scale` tokens each of the
-    /// remembered answer.
-    fn queue(&self, table: &mut Table, key: &[u8], spec: &Spec, hits: u64, scale: u64, now: Nanos) {
+    /// remembered answer; `leased`: admitted on a fallback lease.
+    #[allow(clippy::too_many_arguments)]
+    fn queue(
+        &self,
+        table: &mut Table,
+        key: &[u8],
+        spec: &Spec,
+        hits: u64,
+        scale: u64,
+        now: Nanos,
+        leased: bool,
+    ) {
         // The generation this edge knows the key under, if it saw it. A
         // remembered answer created by a lease decision (the owner never
         // answered) says 0 without knowing: 0 is sent as unknown, which an
@@ -309,7 +342,12 @@ impl Leases {
                 last_at: now,
                 in_flight: None,
                 scale: 1,
+                leased: false,
             });
+        if leased && !p.leased {
+            p.leased = true;
+            self.inner.leased_keys.fetch_add(1, Ordering::Release);
+        }
         p.scale = p.scale.max(scale);
         if reset_gen > p.reset_gen {
             // A newer generation: unsent spending from before the reset
@@ -330,20 +368,39 @@ impl Leases {
         self.table()
             .pending
             .iter_mut()
-            .filter_map(|(key, p)| {
-                if p.in_flight.is_none() && p.unsent > 0 {
-                    p.in_flight = Some(Report {
-                        key: key.clone(),
-                        spec: p.spec,
-                        seq: self.inner.seq.fetch_add(1, Ordering::Relaxed) + 1,
-                        hits: std::mem::take(&mut p.unsent),
-                        at: p.last_at,
-                        reset_gen: p.reset_gen,
-                    });
-                }
-                p.in_flight.clone()
-            })
+            .filter_map(|(key, p)| self.cut(key, p))
             .collect()
+    }
+
+    /// The report to send now for `key` alone, if this edge admitted hits
+    /// on it on a fallback lease that the owner has not acknowledged: the
+    /// one in flight, else one cut from the unsent hits, as
+    /// [`Leases::reports`] would. An owner must hold them before it decides
+    /// the key again (see `limiter/reports.rs`).
+    pub fn report_for(&self, key: &[u8]) -> Option<Report> {
+        if self.inner.leased_keys.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut table = self.table();
+        let key = table.pending.get_key_value(key)?.0.clone();
+        let p = table.pending.get_mut(&*key).filter(|p| p.leased)?;
+        self.cut(&key, p)
+    }
+
+    /// A key's report: the one in flight, else a new one from its unsent
+    /// hits (none when there are none).
+    fn cut(&self, key: &Arc<[u8]>, p: &mut Pending) -> Option<Report> {
+        if p.in_flight.is_none() && p.unsent > 0 {
+            p.in_flight = Some(Report {
+                key: key.clone(),
+                spec: p.spec,
+                seq: self.inner.seq.fetch_add(1, Ordering::Relaxed) + 1,
+                hits: std::mem::take(&mut p.unsent),
+                at: p.last_at,
+                reset_gen: p.reset_gen,
+            });
+        }
+        p.in_flight.clone()
     }
 
     /// The owner applied (or had already applied) this report, at `now`.
@@ -358,7 +415,8 @@ impl Leases {
         p.in_flight = None;
         let tokens = report.hits.saturating_mul(p.scale);
         if p.unsent == 0 {
-            table.pending.remove(&report.key);
+            let gone = table.pending.remove(&report.key);
+            self.uncount(gone.as_ref());
         }
         table.settle(&report.key, tokens, now, self.inner.max_pending);
     }
@@ -370,258 +428,4 @@ impl Leases {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::algorithm::{Algorithm, Period};
-    use crate::store::key;
-
-    const S: u64 = 1_000_000_000;
-
-    fn spec(limit: u64) -> Spec {
-        Spec::new(
-            Algorithm::TokenBucket,
-            limit,
-            Period::Duration(60 * S),
-            None,
-        )
-        .unwrap()
-    }
-
-    fn admitted(l: &Leases, k: &[u8], sp: &Spec, n: u64, now: Nanos, tries: usize) -> usize {
-        (0..tries)
-            .filter(|_| l.decide(k, sp, Cost::hits(1), n, now).allowed())
-            .count()
-    }
-
-    fn owner_said(remaining: u64) -> Decision {
-        Decision {
-            reason: Outcome::WithinLimit,
-            limit: 90,
-            remaining,
-            reset_at: 0,
-            retry_after: None,
-            delay: 0,
-        }
-    }
-
-    /// A remembered answer is a cache entry: evicted while its lease
-    /// spending is unreported, the owner's next answer (which has not heard
-    /// of that spending) re-creates it — with the spending folded back in,
-    /// so the lease does not grant it a second time.
-    #[test]
-    fn an_evicted_answer_comes_back_with_its_unreported_spending() {
-        let l = Leases::new(1, usize::MAX, 0);
-        let (a, b) = (key::encode("n", "a"), key::encode("n", "b"));
-        let sp = spec(90);
-        l.observe(&a, &sp, &owner_said(30), 0, 0);
-        assert_eq!(admitted(&l, &a, &sp, 3, 0, 6), 6, "6 of its share of 10");
-        l.observe(&b, &sp, &owner_said(90), 0, 0);
-        assert!(!l.inner.seen.contains(&a), "a evicted by the key bound");
-        assert_eq!(l.unreported(), 6);
-        // The owner still says 30 (the report has not reached it).
-        l.observe(&a, &sp, &owner_said(30), 0, 0);
-        assert_eq!(
-            admitted(&l, &a, &sp, 3, 0, 10),
-            4,
-            "the share of 10 less the 6 already spent"
-        );
-    }
-
-    /// An answer the owner gave before it absorbed a report can arrive
-    /// after the report's acknowledgement (they travel on different calls),
-    /// and several may be on their way; while any can still arrive
-    /// ([`SETTLED_FOR`]), the acknowledged spending is folded into each
-    /// answer that re-creates an evicted key.
-    #[test]
-    fn acknowledged_spending_survives_evictions_while_stale_answers_can_arrive() {
-        let l = Leases::new(1, usize::MAX, 0);
-        let (a, b) = (key::encode("n", "a"), key::encode("n", "b"));
-        let sp = spec(90);
-        l.observe(&a, &sp, &owner_said(30), 0, 0);
-        assert_eq!(admitted(&l, &a, &sp, 3, 0, 6), 6);
-        let sent = l.reports();
-        l.acknowledge(&sent[0], 0);
-        assert_eq!(l.unreported(), 0);
-        // Two stale answers (from before the owner absorbed the 6), each
-        // after an eviction.
-        for _ in 0..2 {
-            l.observe(&b, &sp, &owner_said(90), 0, 0);
-            assert!(!l.inner.seen.contains(&a), "a evicted");
-            l.observe(&a, &sp, &owner_said(30), 0, 0);
-            assert_eq!(
-                l.seen_remaining(&a, 0),
-                Some(12),
-                "30 less the 6 spent at N = 3"
-            );
-        }
-        assert_eq!(admitted(&l, &a, &sp, 3, 0, 10), 4);
-        // Past SETTLED_FOR no stale answer is on its way: evicted again,
-        // the owner's own count (24: it holds the 6) is folded with only
-        // the 4 spent since (unreported).
-        let later = SETTLED_FOR + 1;
-        l.observe(&b, &sp, &owner_said(90), 0, later);
-        l.observe(&a, &sp, &owner_said(24), 0, later);
-        assert_eq!(admitted(&l, &a, &sp, 3, later, 10), 4, "24 / 3 less the 4");
-    }
-
-    /// The settled spending of a key is kept its whole `SETTLED_FOR`
-    /// however often other keys settle: one key reported again and again
-    /// (tiered mode reports a hot key every round) keeps one mark, and
-    /// never pushes a quiet key's spending out of a table with room for
-    /// both. (With a mark per settle, bounded at 4 per key of room, the
-    /// quiet key's spending went after 8 settles of the hot one.)
-    #[test]
-    fn a_hot_key_settling_often_never_crowds_out_a_quiet_one() {
-        let (hot, quiet): (Arc<[u8]>, Arc<[u8]>) = (
-            key::encode("n", "hot").into(),
-            key::encode("n", "quiet").into(),
-        );
-        let mut t = Table::default();
-        t.settle(&quiet, 5, 0, 2);
-        for at in 1..=1_000 {
-            t.settle(&hot, 1, at, 2);
-        }
-        assert_eq!(t.unaccounted(&quiet, 1_000), 5, "the quiet key's 5");
-        assert_eq!(t.unaccounted(&hot, 1_000), 1_000);
-        assert_eq!(t.order.len(), 2, "one mark per key");
-        // Past its time the quiet key's spending goes; the hot key, settled
-        // since, stays.
-        t.trim(SETTLED_FOR + 1, 2);
-        assert_eq!(t.unaccounted(&quiet, SETTLED_FOR + 1), 0);
-        assert!(!t.settled.contains_key(&quiet), "gone from memory too");
-        assert_eq!(t.unaccounted(&hot, SETTLED_FOR + 1), 1_000);
-        // A third key in a table with room for two: the oldest goes.
-        let third: Arc<[u8]> = key::encode("n", "third").into();
-        t.settle(&quiet, 5, SETTLED_FOR + 2, 2);
-        t.settle(&third, 7, SETTLED_FOR + 3, 2);
-        assert_eq!(t.settled.len(), 2);
-        assert_eq!(
-            t.unaccounted(&hot, SETTLED_FOR + 3),
-            0,
-            "the oldest settled"
-        );
-        assert_eq!(t.unaccounted(&third, SETTLED_FOR + 3), 7);
-    }
-
-    /// A lease decision on a key the owner never answered for does not
-    /// know its reset generation: its report says so (`None`, which an
-    /// owner applies whatever its generation), not generation 0 (which an
-    /// owner reset since would drop, losing the spending).
-    #[test]
-    fn a_report_for_a_key_never_answered_names_no_generation() {
-        let l = Leases::new(100, usize::MAX, 0);
-        let k = key::encode("n", "k");
-        let sp = spec(90);
-        assert_eq!(admitted(&l, &k, &sp, 3, 0, 1), 0, "starts empty");
-        assert_eq!(admitted(&l, &k, &sp, 3, 2 * S, 1), 1, "refilled");
-        assert_eq!(l.reports()[0].reset_gen, None);
-    }
-
-    /// The owners' answers an edge remembers are bounded by bytes too: a
-    /// sliding log's seed holds timestamps, and `lease_max_keys` of them
-    /// would be far more than their share of `limits.max_memory`.
-    #[test]
-    fn remembered_answers_stay_within_their_byte_budget() {
-        const BUDGET: usize = 64 * 1024;
-        let l = Leases::new(10_000, BUDGET, 0);
-        let sp = Spec::new(
-            Algorithm::SlidingWindowLog,
-            1_000,
-            Period::Duration(60 * S),
-            None,
-        )
-        .unwrap();
-        let spent = Decision {
-            reason: Outcome::WithinLimit,
-            limit: 1_000,
-            remaining: 0,
-            reset_at: 0,
-            retry_after: None,
-            delay: 0,
-        };
-        for i in 0..1_000 {
-            let k = key::encode("log", &format!("k{i}"));
-            l.observe(&k, &sp, &spent, 0, i);
-            assert!(
-                l.memory_used() <= BUDGET,
-                "after {i} keys: {} bytes over {BUDGET}",
-                l.memory_used()
-            );
-        }
-        assert!(
-            l.remembered() < 1_000,
-            "evicted by bytes: {}",
-            l.remembered()
-        );
-        assert!(l.memory_used() > BUDGET / 2, "and kept what fits");
-    }
-
-    #[test]
-    fn a_lease_is_one_nth_of_what_the_owner_last_said() {
-        let l = Leases::new(100, usize::MAX, 0);
-        let k = key::encode("n", "k");
-        let sp = spec(90);
-        // The owner said 30 left at t=0: this edge's share is 10.
-        let seen = Decision {
-            reason: Outcome::WithinLimit,
-            limit: 90,
-            remaining: 30,
-            reset_at: 0,
-            retry_after: None,
-            delay: 0,
-        };
-        l.observe(&k, &sp, &seen, 0, 0);
-        assert_eq!(admitted(&l, &k, &sp, 3, 0, 20), 10);
-        // It refills at rate/N: 90 per minute / 3 = 1 every 2 s.
-        assert_eq!(admitted(&l, &k, &sp, 3, 2 * S, 5), 1);
-    }
-
-    #[test]
-    fn a_key_never_seen_starts_empty_and_limit_one_cannot_be_split() {
-        let l = Leases::new(100, usize::MAX, 0);
-        let k = key::encode("n", "new");
-        assert_eq!(admitted(&l, &k, &spec(90), 3, 0, 5), 0);
-        assert_eq!(
-            admitted(&l, &k, &spec(90), 3, 2 * S, 5),
-            1,
-            "refills from empty"
-        );
-        let one = key::encode("n", "one");
-        let d = l.decide(&one, &spec(1), Cost::hits(1), 3, 600 * S);
-        assert_eq!(
-            d.reason,
-            Outcome::LimitExceeded,
-            "1/3 of a token never admits"
-        );
-    }
-
-    #[test]
-    fn reports_are_resent_unchanged_until_acknowledged() {
-        let l = Leases::new(100, usize::MAX, 1_000);
-        let k = key::encode("n", "k");
-        let sp = spec(600);
-        l.decide(&k, &sp, Cost::hits(0), 3, 0); // a peek reports nothing
-        assert!(
-            !l.decide(&k, &sp, Cost::hits(1), 3, 0).allowed(),
-            "starts empty"
-        );
-        assert!(
-            l.reports().is_empty(),
-            "nothing admitted, nothing to report"
-        );
-        assert_eq!(admitted(&l, &k, &sp, 3, 300 * S, 4), 4);
-        let first = l.reports();
-        assert_eq!(first.len(), 1);
-        assert_eq!((first[0].seq, first[0].hits), (1_001, 4));
-        // Admitted while the report is in flight: held for the next one.
-        assert_eq!(admitted(&l, &k, &sp, 3, 300 * S, 2), 2);
-        assert_eq!(l.reports(), first, "a retry is the same report");
-        l.acknowledge(&first[0], 0);
-        let second = l.reports();
-        assert_eq!((second[0].seq, second[0].hits), (1_002, 2));
-        assert_eq!(l.unreported(), 2);
-        l.acknowledge(&second[0], 0);
-        assert!(l.reports().is_empty());
-        assert_eq!(l.unreported(), 0);
-    }
-}
+mod tests;

@@ -50,6 +50,19 @@ impl Limiter {
             tiered: ask,
             budget_ns: budget,
         };
+        // What this edge spent on a fallback lease for the key goes to the
+        // owner before the key does (`report_first`; a tiered allotment's
+        // hits are not waited for: the owner that granted it holds them as
+        // promised).
+        let pending = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
+            self.shared.leases.report_for(k).is_some()
+        });
+        if pending {
+            let k = key::encode(&r.check.name, &r.check.unique_key);
+            if !self.report_first(&k, &owner, deadline).await {
+                return (self.fallback(r, t, false), None);
+            }
+        }
         let mut target = owner;
         let mut tried: Vec<Arc<str>> = Vec::with_capacity(4);
         // The owner, then at most three redirects. Rings disagree only

@@ -269,6 +269,11 @@ impl Limiter {
         self.shared.views.send_replace((view.ring.epoch(), number));
         self.export_transfer();
         if changed {
+            // Lease spending goes to the keys' new owners now, not at the
+            // next report round: an owner that takes a key over decides on
+            // it at once (this node's own forwards and decisions deliver a
+            // key's spending first; this is for the keys it does not ask).
+            self.shared.tiers.report_soon.notify_one();
             tracing::debug!(view = number, epoch = %format_args!("{:016x}", view.ring.epoch()), members = ready, "adopted a view");
             self.start_transfer(incoming);
             let limiter = self.clone();

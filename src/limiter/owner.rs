@@ -47,6 +47,7 @@ impl Limiter {
         t: &Topology,
         now: Nanos,
     ) -> Result<Decision, Stale> {
+        self.absorb_own_first(k, t);
         if req.hits > 0 && self.shared.tiers.has_ledger(k) {
             return self
                 .decide_reserving(k, spec, req, t, now, None)
@@ -298,6 +299,7 @@ impl Limiter {
         let now = self.now();
         let (decision, grant) = key::with_encoded(&item.check.name, &item.check.unique_key, |k| {
             if item.check.mode == Some(Mode::Tiered) {
+                self.absorb_own_first(k, t);
                 self.decide_reserving(k, &item.spec, item.check.request, t, now, item.ask.as_ref())
             } else {
                 self.decide_owned(k, &item.spec, item.check.request, t, now)

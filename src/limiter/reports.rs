@@ -43,20 +43,7 @@ impl Limiter {
                 // In a minority this node is not the owner of anything for
                 // sure; hold the report until it sees a majority again.
                 Some(_) if t.minority => {}
-                Some(_) => {
-                    let absorb = Absorb {
-                        edge: &self.shared.node_id,
-                        seq: report.seq,
-                        hits: report.hits,
-                        at: report.at,
-                        reset_gen: report.reset_gen,
-                    };
-                    let o = self.absorb_encoded(&report.key, &report.spec, &absorb, &t, false);
-                    if o.acknowledged() {
-                        leases.acknowledge(&report, self.now());
-                        acked += 1;
-                    }
-                }
+                Some(_) => acked += usize::from(self.absorb_own(&report, &t, false)),
                 None => {}
             }
         }
@@ -71,6 +58,74 @@ impl Limiter {
             .unreported
             .set(leases.unreported() as i64);
         acked
+    }
+
+    /// Absorb this node's own report of lease spending on a key it owns
+    /// (`took`: as [`Limiter::absorb_encoded`]); whether it was.
+    fn absorb_own(&self, report: &Report, t: &Topology, took: bool) -> bool {
+        let absorb = Absorb {
+            edge: &self.shared.node_id,
+            seq: report.seq,
+            hits: report.hits,
+            at: report.at,
+            reset_gen: report.reset_gen,
+        };
+        let o = self.absorb_encoded(&report.key, &report.spec, &absorb, t, took);
+        if o.acknowledged() {
+            self.shared.leases.acknowledge(report, self.now());
+        }
+        o.acknowledged()
+    }
+
+    /// Before this node decides `k` as its owner: what it admitted on a
+    /// lease for `k` (while `k`'s previous owner was unreachable, say) and
+    /// has not absorbed yet is absorbed first — else the count it decides
+    /// on lacks that spending until the next report round, and grants it
+    /// again. One atomic load when nothing is unreported.
+    pub(super) fn absorb_own_first(&self, k: &[u8], t: &Topology) {
+        // The report in flight, then one of the hits since (bounded: hits
+        // a lease admits meanwhile are that lease's, as any race with it).
+        for _ in 0..2 {
+            match self.shared.leases.report_for(k) {
+                Some(report) if self.absorb_own(&report, t, true) => {}
+                _ => return,
+            }
+        }
+    }
+
+    /// Before this edge asks `owner` to decide `k`: what it admitted on a
+    /// lease for `k` and the owner has not acknowledged goes first, within
+    /// `deadline`. A new owner after a failover otherwise decides on the
+    /// count it took over — without the leases the edges spent while no
+    /// owner answered — until the next report round, and grants that
+    /// spending again (seen in the container chaos test: +20 per key of a
+    /// killed owner). False when the owner did not acknowledge it: the
+    /// caller decides on its lease, as for an owner that cannot answer —
+    /// which spends only what is left of this edge's share of the count it
+    /// last saw (the lease's earlier hits consumed it), so an owner that
+    /// answers "retry" for a while (still taking the key over) costs at
+    /// most that share, never a new one.
+    pub(super) async fn report_first(
+        &self,
+        k: &[u8],
+        owner: &str,
+        deadline: tokio::time::Instant,
+    ) -> bool {
+        // The report in flight (the flusher's, say), then one of the hits
+        // since (bounded: hits a lease admits meanwhile are that lease's,
+        // as any race with it).
+        for _ in 0..2 {
+            let Some(report) = self.shared.leases.report_for(k) else {
+                return true;
+            };
+            // Cancelled (the deadline, or the caller gone): the report stays
+            // in flight and is resent unchanged; nothing is half-done.
+            let sent = self.send_reports(owner, std::slice::from_ref(&report));
+            if !matches!(tokio::time::timeout_at(deadline, sent).await, Ok(1)) {
+                return false;
+            }
+        }
+        true
     }
 
     /// One call's worth of reports to `owner`; returns how many it

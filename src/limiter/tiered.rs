@@ -260,6 +260,7 @@ impl Limiter {
         let me = self.shared.node_id.clone();
         let req = r.check.request;
         let decision = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
+            self.absorb_own_first(k, t);
             let local = self.tiers().allotments().spend(k, req.hits, now);
             match local {
                 Local::Admitted { .. } => {
