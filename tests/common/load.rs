@@ -45,6 +45,37 @@ pub struct Tally {
     /// Each call's latency from its *intended* start (see [`Schedule`]):
     /// a benchmark figure.
     pub latencies: Vec<Duration>,
+    /// Per key, its answers in order as runs of alike ones (owner named,
+    /// admitted, approximate; the nodes asked), with the `remaining` each run
+    /// went through: the story a failed assertion tells.
+    pub runs: BTreeMap<String, Vec<Run>>,
+}
+
+/// Consecutive answers for one key that agree on who decided and how.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Run {
+    pub via: String,
+    pub owner: String,
+    pub admitted: bool,
+    pub approximate: bool,
+    pub count: u32,
+    pub remaining: (i64, i64),
+}
+
+impl std::fmt::Display for Run {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}x {}→{} {}{} r {}..{}",
+            self.count,
+            self.via,
+            self.owner,
+            if self.admitted { "ok" } else { "no" },
+            if self.approximate { "~" } else { "" },
+            self.remaining.0,
+            self.remaining.1
+        )
+    }
 }
 
 impl Tally {
@@ -75,6 +106,28 @@ impl Tally {
         self.unavailable += usize::from(a.status == pb::Status::Unavailable as i32);
         self.approximate += usize::from(a.approximate);
         let admitted = i64::from(under(a));
+        let runs = self.runs.entry(k.into()).or_default();
+        match runs.last_mut() {
+            Some(r)
+                if r.owner == a.owner
+                    && r.admitted == (admitted > 0)
+                    && r.approximate == a.approximate =>
+            {
+                r.count += 1;
+                r.remaining.1 = a.remaining;
+                if !r.via.split('+').any(|v| v == via) {
+                    r.via = format!("{}+{via}", r.via);
+                }
+            }
+            _ => runs.push(Run {
+                via: via.into(),
+                owner: a.owner.clone(),
+                admitted: admitted > 0,
+                approximate: a.approximate,
+                count: 1,
+                remaining: (a.remaining, a.remaining),
+            }),
+        }
         *self.admitted.entry(k.into()).or_default() += admitted;
         *self.admitted_via.entry((k.into(), via.into())).or_default() += admitted;
         if a.approximate {
@@ -135,8 +188,9 @@ impl Tally {
             };
             if !ok {
                 wrong.push(format!(
-                    "{k} ({}): admitted {admitted}",
-                    if touched(k) { "touched" } else { "untouched" }
+                    "{k} ({}): admitted {admitted} {}",
+                    if touched(k) { "touched" } else { "untouched" },
+                    self.by_node(k)
                 ));
             }
         }
@@ -144,6 +198,32 @@ impl Tally {
             wrong.is_empty(),
             "limit {limit}, touched keys within +{bound}: {wrong:?}"
         );
+    }
+
+    /// Where `k`'s admissions came from: per node asked, admitted (of
+    /// which on an approximate answer).
+    pub fn by_node(&self, k: &str) -> String {
+        let parts: Vec<String> = self
+            .admitted_via
+            .iter()
+            .filter(|((key, _), _)| key == k)
+            .map(|((_, via), n)| {
+                let approx = self
+                    .approximate_via
+                    .get(&(k.to_string(), via.clone()))
+                    .copied()
+                    .unwrap_or(0);
+                format!("{via} {n} ({approx} approximate)")
+            })
+            .collect();
+        let runs: Vec<String> = self
+            .runs
+            .get(k)
+            .into_iter()
+            .flatten()
+            .map(Run::to_string)
+            .collect();
+        format!("[{}] answers: {}", parts.join(", "), runs.join(" | "))
     }
 
     /// The largest over-admission of one key (admitted − limit).
