@@ -46,6 +46,13 @@ impl Collector for StoreCollector {
             None,
             for_memory.metric_type(),
         )?)?;
+        let counting = ConstCounter::new(stats.evictions_counting.load(Ordering::Relaxed));
+        counting.encode(encoder.encode_descriptor(
+            "sluice_evictions_counting",
+            "Of sluice_evictions, keys that were not back to fresh: their counts are gone, their callers start again from a full limit",
+            None,
+            counting.metric_type(),
+        )?)?;
         let expired = ConstCounter::new(stats.expired.load(Ordering::Relaxed));
         expired.encode(encoder.encode_descriptor(
             "sluice_expired",

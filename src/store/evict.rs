@@ -87,6 +87,11 @@ impl Store {
             self.discharge(k.len(), &e);
             self.count.fetch_sub(1, Ordering::Relaxed);
             self.stats.evictions.fetch_add(1, Ordering::Relaxed);
+            if fullness > 0 {
+                self.stats
+                    .evictions_counting
+                    .fetch_add(1, Ordering::Relaxed);
+            }
             self.top.forget(&k, (e.hits(), e.refusals()));
         }
         true

@@ -83,6 +83,26 @@ fn evicts_the_key_closest_to_fresh_first() {
     assert_eq!(store.stats().evictions.load(Ordering::Relaxed), 1);
 }
 
+/// An eviction says whether the key was still counting (its count is lost)
+/// or back to fresh (nothing is): the alert on lost counts reads it.
+#[test]
+fn an_eviction_says_whether_the_key_was_still_counting() {
+    let store = Store::new(1);
+    let stats = || {
+        let s = store.stats();
+        (
+            s.evictions.load(Ordering::Relaxed),
+            s.evictions_counting.load(Ordering::Relaxed),
+        )
+    };
+    // 1 of 10 spent; a token refills in 6 s.
+    store.decide(&key::encode("n", "a"), &spec(10), Cost::hits(1), 0);
+    store.decide(&key::encode("n", "b"), &spec(10), Cost::hits(1), S);
+    assert_eq!(stats(), (1, 1), "a had not refilled: counting");
+    store.decide(&key::encode("n", "c"), &spec(10), Cost::hits(1), 100 * S);
+    assert_eq!(stats(), (2, 1), "b was back to fresh");
+}
+
 #[test]
 fn a_cohort_of_warm_neighbours_outlives_a_flood_of_fresh_keys() {
     // 100 half-used keys inserted together, then 10,000 new keys at 10%

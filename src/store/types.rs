@@ -87,5 +87,8 @@ pub struct StoreStats {
     /// Of `evictions`, those made for the byte budget (the keys were
     /// within `max_keys`).
     pub memory_evictions: AtomicU64,
+    /// Of `evictions`, keys that were not back to fresh: each one's count
+    /// is gone, and its callers start again from a full limit.
+    pub evictions_counting: AtomicU64,
     pub expired: AtomicU64,
 }
