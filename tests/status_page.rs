@@ -108,6 +108,37 @@ async fn status_shows_the_cluster_and_who_is_refused() {
         .as_f64()
         .unwrap();
     assert!(over > 0.0, "{s}");
+    // Per peer: forwards from node-0 to each peer (twenty keys spread over
+    // the ring; none to itself) have a latency; replicas sent from an owner
+    // to its successor, a lag (once the round that carried them is over).
+    for i in 0..20 {
+        nodes[0]
+            .check(inline("spread", &i.to_string(), 5, 60_000))
+            .await;
+    }
+    let s = status(&nodes[0]).await;
+    for m in s["members"].as_array().unwrap() {
+        if m["is_self"] == true {
+            assert!(m["forward_latency_ms"].is_null(), "{m}");
+        } else {
+            let ms = m["forward_latency_ms"].as_f64().unwrap_or(0.0);
+            assert!(ms > 0.0 && ms < 10_000.0, "{m}");
+        }
+    }
+    eventually(
+        "some owner shows its successor's replication lag",
+        Duration::from_secs(10),
+        || async {
+            let mut seen = false;
+            for n in &nodes {
+                for m in status(n).await["members"].as_array().unwrap() {
+                    seen |= m["replication_lag_ms"].as_f64().is_some();
+                }
+            }
+            seen
+        },
+    )
+    .await;
     // The key that is markup is escaped in the JSON text itself.
     let holder = {
         let mut holder = None;

@@ -97,7 +97,11 @@ impl Limiter {
         for ((to, kind), states) in by_target {
             for chunk in chunk_by_bytes(&states, |(_, s)| s) {
                 let batch: Vec<Outgoing> = chunk.iter().map(|(_, s)| s.clone()).collect();
-                match peers.push_states(&to, kind, batch).await {
+                let pushed = peers.push_states(&to, kind, batch).await;
+                if kind == SyncKind::Replica {
+                    peers.replicated(&to, since.elapsed());
+                }
+                match pushed {
                     Ok(_) => {
                         sent += chunk.len();
                         let counter = match kind {

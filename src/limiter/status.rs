@@ -53,6 +53,12 @@ pub struct MemberStatus {
     pub grpc_addr: String,
     /// This node's breaker for the member (None: itself, or no calls yet).
     pub breaker: Option<&'static str>,
+    /// How long this node's forwards to the member take lately (an
+    /// exponentially weighted mean, ms; None: no forwards yet).
+    pub forward_latency_ms: Option<f64>,
+    /// How far behind the replicas this node sends the member were at the
+    /// last round (ms; None: none sent yet).
+    pub replication_lag_ms: Option<f64>,
 }
 
 /// The transfer of keys to this node after its last ring change.
@@ -110,8 +116,14 @@ impl Limiter {
     pub fn status(&self, view: &ClusterView, n: usize) -> NodeStatus {
         let t = self.shared.topology.load_full();
         let shares: std::collections::HashMap<_, _> = view.ring.shares().into_iter().collect();
-        let breakers: std::collections::HashMap<_, _> =
-            self.shared.peers.breakers().into_iter().collect();
+        let peers: std::collections::HashMap<_, _> = self
+            .shared
+            .peers
+            .standing()
+            .into_iter()
+            .map(|(id, breaker, figures)| (id, (breaker, figures)))
+            .collect();
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         let members = view
             .members
             .iter()
@@ -125,7 +137,13 @@ impl Limiter {
                 protocol: m.protocol,
                 version: m.version.clone(),
                 grpc_addr: m.grpc_addr.clone(),
-                breaker: breakers.get(&m.node_id).map(|b| breaker_name(*b)),
+                breaker: peers.get(&m.node_id).map(|(b, _)| breaker_name(*b)),
+                forward_latency_ms: peers
+                    .get(&m.node_id)
+                    .and_then(|(_, f)| f.forward_latency.map(ms)),
+                replication_lag_ms: peers
+                    .get(&m.node_id)
+                    .and_then(|(_, f)| f.replication_lag.map(ms)),
             })
             .collect();
         let transfer = self.transfer_status();

@@ -29,9 +29,11 @@ use crate::store::key;
 
 mod batcher;
 pub mod codec;
+mod figures;
 mod sender;
 mod types;
 
+pub use figures::PeerFigures;
 pub use types::{
     Forward, ForwardError, Forwarded, Outgoing, Pulled, Received, ReportOutcome, ResetAnswer,
     SyncKind, TieredAsk, TransferPage,
@@ -106,6 +108,8 @@ struct Sender {
     clock_warned: Arc<AtomicBool>,
     /// Cancelled when the peer leaves the ring (its gauges are dropped).
     gone: CancellationToken,
+    /// Forward latency and replication lag, for the status page.
+    figures: Arc<figures::Figures>,
 }
 
 /// The set of peer clients; cheap to clone.
@@ -232,6 +236,7 @@ impl Peers {
             clock: settings.clock.clone(),
             clock_warned: Arc::new(AtomicBool::new(false)),
             gone: stop.clone(),
+            figures: Arc::default(),
         };
         tokio::spawn(batcher::batch_loop(
             rx,
@@ -622,12 +627,26 @@ impl Peers {
         }
     }
 
-    /// Breaker states by peer, for metrics and status.
-    pub fn breakers(&self) -> Vec<(Arc<str>, BreakerState)> {
+    /// Breaker states and figures by peer, for the status page.
+    pub fn standing(&self) -> Vec<(Arc<str>, BreakerState, PeerFigures)> {
         self.lock()
             .iter()
-            .map(|(id, p)| (id.clone(), p.sender.breaker.state()))
+            .map(|(id, p)| {
+                (
+                    id.clone(),
+                    p.sender.breaker.state(),
+                    p.sender.figures.read(),
+                )
+            })
             .collect()
+    }
+
+    /// A replication round to `node_id` ended (confirmed or not) `lag`
+    /// after the oldest change it carried.
+    pub fn replicated(&self, node_id: &str, lag: Duration) {
+        if let Some(p) = self.lock().get(node_id) {
+            p.sender.figures.replicated(lag);
+        }
     }
 }
 

@@ -164,6 +164,7 @@ impl Sender {
         };
         let outcome = tokio::time::timeout(timeout, self.client.clone().forward(request)).await;
         self.metrics.forwarded(n, started.elapsed());
+        self.figures.forwarded(started.elapsed());
         let response = match outcome {
             Err(_) => {
                 self.metrics.forward_error(&self.node_id, "timeout");
