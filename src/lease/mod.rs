@@ -293,7 +293,11 @@ impl Leases {
             d.retry_after = None;
         }
         if d.reason == Outcome::WithinLimit && req.hits > 0 {
-            self.queue(&mut table, key, spec, req.hits, n, now, true);
+            let p = self.queue(&mut table, key, spec, req.hits, n, now);
+            if !p.leased {
+                p.leased = true;
+                self.inner.leased_keys.fetch_add(1, Ordering::Release);
+            }
         }
         d
     }
@@ -304,22 +308,20 @@ impl Leases {
     /// always accumulates.
     pub fn record(&self, key: &[u8], spec: &Spec, hits: u64, now: Nanos) {
         let mut table = self.table();
-        self.queue(&mut table, key, spec, hits, 1, now, false);
+        self.queue(&mut table, key, spec, hits, 1, now);
     }
 
     /// [`Leases::record`], for hits that cost `scale` tokens each of the
-    /// remembered answer; `leased`: admitted on a fallback lease.
-    #[allow(clippy::too_many_arguments)]
-    fn queue(
+    /// remembered answer; the key's entry, for the caller to mark.
+    fn queue<'t>(
         &self,
-        table: &mut Table,
+        table: &'t mut Table,
         key: &[u8],
         spec: &Spec,
         hits: u64,
         scale: u64,
         now: Nanos,
-        leased: bool,
-    ) {
+    ) -> &'t mut Pending {
         // The generation this edge knows the key under, if it saw it. A
         // remembered answer created by a lease decision (the owner never
         // answered) says 0 without knowing: 0 is sent as unknown, which an
@@ -344,10 +346,6 @@ impl Leases {
                 scale: 1,
                 leased: false,
             });
-        if leased && !p.leased {
-            p.leased = true;
-            self.inner.leased_keys.fetch_add(1, Ordering::Release);
-        }
         p.scale = p.scale.max(scale);
         if reset_gen > p.reset_gen {
             // A newer generation: unsent spending from before the reset
@@ -360,6 +358,7 @@ impl Leases {
         p.spec = *spec;
         p.unsent = p.unsent.saturating_add(hits);
         p.last_at = p.last_at.max(now);
+        p
     }
 
     /// The reports to send now: each key's in-flight report, cutting a new

@@ -54,14 +54,13 @@ impl Limiter {
         // owner before the key does (`report_first`; a tiered allotment's
         // hits are not waited for: the owner that granted it holds them as
         // promised).
-        let pending = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
-            self.shared.leases.report_for(k).is_some()
+        let unreported = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
+            self.shared.leases.report_for(k)
         });
-        if pending {
-            let k = key::encode(&r.check.name, &r.check.unique_key);
-            if !self.report_first(&k, &owner, deadline).await {
-                return (self.fallback(r, t, false), None);
-            }
+        if let Some(report) = unreported
+            && !self.report_first(report, &owner, deadline).await
+        {
+            return (self.fallback(r, t, false), None);
         }
         let mut target = owner;
         let mut tried: Vec<Arc<str>> = Vec::with_capacity(4);

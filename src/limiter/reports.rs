@@ -93,9 +93,10 @@ impl Limiter {
         }
     }
 
-    /// Before this edge asks `owner` to decide `k`: what it admitted on a
-    /// lease for `k` and the owner has not acknowledged goes first, within
-    /// `deadline`. A new owner after a failover otherwise decides on the
+    /// Before this edge asks `owner` to decide a key: what it admitted on a
+    /// lease for the key and the owner has not acknowledged (`report`, from
+    /// [`Leases::report_for`](crate::lease::Leases::report_for)) goes first,
+    /// within `deadline`. A new owner after a failover otherwise decides on the
     /// count it took over — without the leases the edges spent while no
     /// owner answered — until the next report round, and grants that
     /// spending again (seen in the container chaos test: +20 per key of a
@@ -107,15 +108,16 @@ impl Limiter {
     /// most that share, never a new one.
     pub(super) async fn report_first(
         &self,
-        k: &[u8],
+        report: Report,
         owner: &str,
         deadline: tokio::time::Instant,
     ) -> bool {
         // The report in flight (the flusher's, say), then one of the hits
         // since (bounded: hits a lease admits meanwhile are that lease's,
         // as any race with it).
+        let mut next = Some(report);
         for _ in 0..2 {
-            let Some(report) = self.shared.leases.report_for(k) else {
+            let Some(report) = next else {
                 return true;
             };
             // Cancelled (the deadline, or the caller gone): the report stays
@@ -124,6 +126,7 @@ impl Limiter {
             if !matches!(tokio::time::timeout_at(deadline, sent).await, Ok(1)) {
                 return false;
             }
+            next = self.shared.leases.report_for(&report.key);
         }
         true
     }

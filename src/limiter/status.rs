@@ -127,7 +127,8 @@ impl Limiter {
         let members = view
             .members
             .iter()
-            .map(|m| MemberStatus {
+            .map(|m| (m, peers.get(&m.node_id)))
+            .map(|(m, peer)| MemberStatus {
                 node_id: m.node_id.to_string(),
                 is_self: m.node_id == view.self_id,
                 state: m.state.name(),
@@ -137,13 +138,9 @@ impl Limiter {
                 protocol: m.protocol,
                 version: m.version.clone(),
                 grpc_addr: m.grpc_addr.clone(),
-                breaker: peers.get(&m.node_id).map(|(b, _)| breaker_name(*b)),
-                forward_latency_ms: peers
-                    .get(&m.node_id)
-                    .and_then(|(_, f)| f.forward_latency.map(ms)),
-                replication_lag_ms: peers
-                    .get(&m.node_id)
-                    .and_then(|(_, f)| f.replication_lag.map(ms)),
+                breaker: peer.map(|(b, _)| breaker_name(*b)),
+                forward_latency_ms: peer.and_then(|(_, f)| f.forward_latency.map(ms)),
+                replication_lag_ms: peer.and_then(|(_, f)| f.replication_lag.map(ms)),
             })
             .collect();
         let transfer = self.transfer_status();
