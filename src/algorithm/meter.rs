@@ -31,7 +31,9 @@ pub trait Flow: Clone + Debug + PartialEq + Eq {
 /// Fixed-point consumption of a bucket: `used` units at time `last`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Meter<F> {
-    used: u128,
+    /// Units in use, as two halves: a `u128` field would align the whole
+    /// state (and every store entry holding one) to 16 bytes.
+    used: [u64; 2],
     last: Nanos,
     flow: PhantomData<F>,
 }
@@ -39,7 +41,7 @@ pub struct Meter<F> {
 impl<F> Meter<F> {
     pub(crate) fn from_parts(used: u128, last: Nanos) -> Self {
         Meter {
-            used,
+            used: split(used),
             last,
             flow: PhantomData,
         }
@@ -52,8 +54,16 @@ impl<F> Meter<F> {
 
     /// Units in use (one token = `duration` units).
     pub fn used(&self) -> u128 {
-        self.used
+        u128::from(self.used[0]) | (u128::from(self.used[1]) << 64)
     }
+
+    fn set_used(&mut self, used: u128) {
+        self.used = split(used);
+    }
+}
+
+fn split(units: u128) -> [u64; 2] {
+    [units as u64, (units >> 64) as u64]
 }
 
 /// Capacity in units.
@@ -73,7 +83,7 @@ pub(crate) fn drain_time(units: u128, spec: &Spec) -> Nanos {
 impl<F: Flow> Arithmetic for Meter<F> {
     fn fresh(_spec: &Spec, now: Nanos) -> Self {
         Meter {
-            used: 0,
+            used: [0, 0],
             last: now,
             flow: PhantomData,
         }
@@ -83,45 +93,45 @@ impl<F: Flow> Arithmetic for Meter<F> {
         let t = now.max(self.last);
         // (t - last) × L is a product of two u64s: it fits in u128.
         let drained = wide(t - self.last, spec.limit());
-        self.used = self.used.saturating_sub(drained);
+        self.set_used(self.used().saturating_sub(drained));
         self.last = t;
         t
     }
 
     fn fits(&self, spec: &Spec, hits: u64, _t: Nanos) -> bool {
-        self.used.saturating_add(wide(hits, spec.duration())) <= cap(spec)
+        self.used().saturating_add(wide(hits, spec.duration())) <= cap(spec)
     }
 
     fn take(&mut self, spec: &Spec, hits: u64, _t: Nanos) {
-        self.used = self.used.saturating_add(wide(hits, spec.duration()));
+        self.set_used(self.used().saturating_add(wide(hits, spec.duration())));
     }
 
     fn drain(&mut self, spec: &Spec, _t: Nanos) {
-        self.used = self.used.max(cap(spec));
+        self.set_used(self.used().max(cap(spec)));
     }
 
     fn earliest(&self, spec: &Spec, hits: u64, t: Nanos) -> Nanos {
-        let over = self.used.saturating_add(wide(hits, spec.duration())) - cap(spec);
+        let over = self.used().saturating_add(wide(hits, spec.duration())) - cap(spec);
         t.saturating_add(drain_time(over, spec))
     }
 
     fn remaining(&self, spec: &Spec, _t: Nanos) -> u64 {
         sat64(div(
-            cap(spec).saturating_sub(self.used),
+            cap(spec).saturating_sub(self.used()),
             u128::from(spec.duration()),
         ))
     }
 
     fn reset_at(&self, spec: &Spec, t: Nanos) -> Nanos {
-        t.saturating_add(drain_time(self.used, spec))
+        t.saturating_add(drain_time(self.used(), spec))
     }
 
     fn delay(&self, spec: &Spec, _t: Nanos) -> Nanos {
-        F::delay(self.used, spec)
+        F::delay(self.used(), spec)
     }
 
     fn consumed(&self, spec: &Spec, _t: Nanos) -> u64 {
-        sat64(ceil_div(self.used, u128::from(spec.duration())))
+        sat64(ceil_div(self.used(), u128::from(spec.duration())))
     }
 
     fn rescale(&self, old: &Spec, new: &Spec, t: Nanos) -> Self {
@@ -144,6 +154,6 @@ impl<F: Flow> Arithmetic for Meter<F> {
         let t = self.last.max(b.last);
         self.settle(spec, t);
         b.settle(spec, t);
-        self.used = self.used.max(b.used);
+        self.set_used(self.used().max(b.used()));
     }
 }

@@ -143,6 +143,49 @@ pub(crate) trait Arithmetic: Clone + Sized {
     fn merge(&mut self, other: &Self, spec: &Spec);
 }
 
+/// A boxed state (the sliding log's) is its state's arithmetic.
+impl<A: Arithmetic> Arithmetic for Box<A> {
+    fn fresh(spec: &Spec, now: Nanos) -> Self {
+        Box::new(A::fresh(spec, now))
+    }
+    fn settle(&mut self, spec: &Spec, now: Nanos) -> Nanos {
+        (**self).settle(spec, now)
+    }
+    fn fits(&self, spec: &Spec, hits: u64, t: Nanos) -> bool {
+        (**self).fits(spec, hits, t)
+    }
+    fn take(&mut self, spec: &Spec, hits: u64, t: Nanos) {
+        (**self).take(spec, hits, t)
+    }
+    fn drain(&mut self, spec: &Spec, t: Nanos) {
+        (**self).drain(spec, t)
+    }
+    fn earliest(&self, spec: &Spec, hits: u64, t: Nanos) -> Nanos {
+        (**self).earliest(spec, hits, t)
+    }
+    fn remaining(&self, spec: &Spec, t: Nanos) -> u64 {
+        (**self).remaining(spec, t)
+    }
+    fn reset_at(&self, spec: &Spec, t: Nanos) -> Nanos {
+        (**self).reset_at(spec, t)
+    }
+    fn delay(&self, spec: &Spec, t: Nanos) -> Nanos {
+        (**self).delay(spec, t)
+    }
+    fn consumed(&self, spec: &Spec, t: Nanos) -> u64 {
+        (**self).consumed(spec, t)
+    }
+    fn with_consumed(spec: &Spec, tokens: u64, t: Nanos) -> Self {
+        Box::new(A::with_consumed(spec, tokens, t))
+    }
+    fn rescale(&self, old: &Spec, new: &Spec, t: Nanos) -> Self {
+        Box::new((**self).rescale(old, new, t))
+    }
+    fn merge(&mut self, other: &Self, spec: &Spec) {
+        (**self).merge(other, spec)
+    }
+}
+
 /// The common decision rules over one algorithm's arithmetic.
 fn decide<A: Arithmetic>(state: &mut A, spec: &Spec, req: Cost, now: Nanos) -> Decision {
     let t = state.settle(spec, now);
@@ -184,7 +227,9 @@ pub enum State {
     LeakyBucket(LeakyBucket),
     FixedWindow(FixedWindow),
     SlidingWindowCounter(SlidingWindow),
-    SlidingWindowLog(SlidingLog),
+    /// Boxed: its queue is out of line anyway, and inline it would size
+    /// every other key's state (48 bytes, not 32) in the store.
+    SlidingWindowLog(Box<SlidingLog>),
 }
 
 macro_rules! dispatch {
@@ -202,11 +247,11 @@ macro_rules! dispatch {
 
 impl State {
     /// Bytes the state holds outside its own struct (the store's byte
-    /// budget counts them): only the sliding log's queue; every other
-    /// state is a few words inline.
+    /// budget counts them): only the sliding log's box and queue; every
+    /// other state is a few words inline.
     pub fn heap_bytes(&self) -> usize {
         match self {
-            State::SlidingWindowLog(log) => log.heap_bytes(),
+            State::SlidingWindowLog(log) => size_of::<SlidingLog>() + log.heap_bytes(),
             _ => 0,
         }
     }
@@ -234,7 +279,7 @@ impl State {
                 State::SlidingWindowCounter(SlidingWindow::with_consumed(spec, tokens, now))
             }
             Algorithm::SlidingWindowLog => {
-                State::SlidingWindowLog(SlidingLog::with_consumed(spec, tokens, now))
+                State::SlidingWindowLog(Box::new(SlidingLog::with_consumed(spec, tokens, now)))
             }
         }
     }
@@ -324,6 +369,18 @@ impl State {
             State::SlidingWindowCounter(w) => w.start(),
             State::SlidingWindowLog(l) => l.newest().unwrap_or(0),
         }
+    }
+
+    /// Move in place to a changed spec `to` at `now` (`from` is the spec
+    /// it was built for), keeping what was consumed — except under a
+    /// deny-all `from`, under which nothing was consumed (see
+    /// [`Limited::decide`]).
+    pub fn follow(&mut self, from: &Spec, to: &Spec, now: Nanos) {
+        *self = if from.limit() == 0 {
+            State::fresh(to, now)
+        } else {
+            self.convert(from, to, now)
+        };
     }
 
     /// Convert to a changed spec at `now`, keeping what was consumed.
@@ -417,11 +474,7 @@ impl Limited {
             return probe.decide(spec, req, now);
         }
         if *spec != self.spec {
-            self.state = if self.spec.limit() == 0 {
-                State::fresh(spec, now)
-            } else {
-                self.state.convert(&self.spec, spec, now)
-            };
+            self.state.follow(&self.spec, spec, now);
             self.spec = *spec;
         }
         self.state.decide(&self.spec, req, now)

@@ -77,7 +77,7 @@ impl State {
                 StateParts::SlidingWindowCounter { start, prev, curr },
             ) => State::SlidingWindowCounter(SlidingWindow::from_parts(start, prev, curr)),
             (Algorithm::SlidingWindowLog, StateParts::SlidingWindowLog { entries }) => {
-                State::SlidingWindowLog(SlidingLog::from_entries(spec, entries))
+                State::SlidingWindowLog(Box::new(SlidingLog::from_entries(spec, entries)))
             }
             (algorithm, parts) => {
                 return Err(format!(

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::algorithm::{Cost, Decision, Limited, Nanos, Spec, State};
+use crate::algorithm::{Cost, Decision, Nanos, Spec, State};
 
 /// How long a reset key is remembered after its last use, though its state
 /// is fresh: longer than any report is retried or replica lags while the
@@ -15,26 +15,39 @@ pub const RESET_MEMORY: Nanos = 10 * 60 * 1_000_000_000;
 
 /// A stored key (DESIGN §3: `{algorithm, limit, duration or window, burst,
 /// reset_gen, version, state}` — the spec carries the first four).
+///
+/// Laid out small (88 bytes): the table holds one per key, and the table
+/// is most of what a key costs. The spec is shared, the state sized by
+/// the largest inline algorithm (the sliding log's is boxed), the report
+/// slots boxed (most keys never get a report), the usage counters 32-bit.
 #[derive(Clone, Debug)]
 pub struct Entry {
-    limited: Limited,
+    /// The limit the state was built for, shared by the keys that have it
+    /// (`specs.rs`). A request under another spec converts the state.
+    spec: Arc<Spec>,
+    state: State,
     /// Incremented by each admin reset; state from an older `reset_gen`
     /// never overrides a newer one.
     reset_gen: u64,
     /// Incremented by each decision that may change the state.
     version: u64,
-    hits: u64,
-    refusals: u64,
     last_seen: Nanos,
-    /// Set on every access, cleared by the eviction hand: a key used since
-    /// the hand last passed gets a second chance.
-    referenced: bool,
+    /// Hits and refusals, for the top-key rankings (saturating: a key
+    /// past four billion of either is at the top anyway).
+    hits: u32,
+    refusals: u32,
     /// The last consumption report applied from each edge, by sequence
     /// number, so a retried report is never counted twice. One slot per
     /// edge that reported this key: bounded by the cluster's size.
-    reports: Vec<(Arc<str>, u64)>,
+    reports: Reports,
+    /// Set on every access, cleared by the eviction hand: a key used since
+    /// the hand last passed gets a second chance.
+    referenced: bool,
     /// In the store's replication queue (so it is queued once).
     queued: bool,
+    /// `spec` is this key's own copy, not the shared one (the table of
+    /// shared specs was full): its bytes are in this key's footprint.
+    own_spec: bool,
     /// A copy of a count kept elsewhere: a replica held for its owner, a
     /// state merged from a peer, or a key this node passed on to a new
     /// owner (marked in the same lock step as the snapshot it sent). Another
@@ -107,10 +120,13 @@ impl Entry {
     /// - [`INLINE_BYTES`]: the table slot and the eviction queue slot;
     /// - the key's `Arc<[u8]>` allocation (one per key: the table, the
     ///   eviction queue and the replication queue share it);
-    /// - the state's own allocation (the sliding log's queue, by capacity);
-    /// - the report slots: the `Vec`'s capacity, and each edge id's
-    ///   `Arc<str>` (counted here even when several keys share one edge's
-    ///   id: the budget errs high, never low).
+    /// - the state's own allocation (the sliding log's box and queue, by
+    ///   capacity);
+    /// - the report slots, if any: their box, the `Vec`'s capacity, and
+    ///   each edge id's `Arc<str>` (counted here even when several keys
+    ///   share one edge's id: the budget errs high, never low);
+    /// - the spec, only when it is the key's own (a shared spec belongs to
+    ///   no key, and `specs::MAX_SHARED` bounds them).
     ///
     /// Not counted: the table's spare capacity (hashbrown grows by doubling
     /// at 7/8 full, so between 1/7 and 9/7 of a slot more per key: for keys
@@ -118,55 +134,70 @@ impl Entry {
     /// (one slot per changed key, only in a cluster, drained every
     /// `replicate_interval`).
     pub fn footprint(&self, key_len: usize) -> usize {
-        let reports = self.reports.capacity() * size_of::<(Arc<str>, u64)>()
-            + self
-                .reports
-                .iter()
-                .map(|(edge, _)| arc_bytes(edge.len()))
-                .sum::<usize>();
-        INLINE_BYTES + arc_bytes(key_len) + self.limited.state().heap_bytes() + reports
+        let spec = if self.own_spec {
+            arc_bytes(size_of::<Spec>())
+        } else {
+            0 // shared: bounded by specs::MAX_SHARED, not by keys
+        };
+        INLINE_BYTES
+            + arc_bytes(key_len)
+            + self.state.heap_bytes()
+            + self.reports.heap_bytes()
+            + spec
     }
 
     pub fn new(spec: Spec, now: Nanos) -> Entry {
-        Entry::from_limited(Limited::new(spec, now), now)
+        Entry::with_state(spec, State::fresh(&spec, now), now)
     }
 
     /// An entry that has consumed `tokens` already at `now`.
     pub fn seeded(spec: Spec, tokens: u64, now: Nanos) -> Entry {
-        Entry::from_limited(Limited::seeded(spec, tokens, now), now)
+        Entry::with_state(spec, State::with_consumed(&spec, tokens, now), now)
     }
 
-    fn from_limited(limited: Limited, now: Nanos) -> Entry {
+    /// A key with a state of `spec`'s algorithm.
+    fn with_state(spec: Spec, state: State, now: Nanos) -> Entry {
+        debug_assert_eq!(spec.algorithm(), state.algorithm());
+        let (spec, shared) = super::specs::share(&spec);
         Entry {
-            limited,
+            spec,
+            state,
             reset_gen: 0,
             version: 0,
             hits: 0,
             refusals: 0,
             last_seen: now,
             referenced: true,
-            reports: Vec::new(),
+            reports: Reports::default(),
             queued: false,
+            own_spec: !shared,
             copy: false,
         }
     }
 
+    /// Move to a changed spec (the state already converted to it).
+    fn set_spec(&mut self, spec: &Spec) {
+        let (spec, shared) = super::specs::share(spec);
+        self.spec = spec;
+        self.own_spec = !shared;
+    }
+
     /// An entry rebuilt from a snapshot.
     pub fn from_snapshot(s: Snapshot, now: Nanos) -> Entry {
-        let mut e = Entry::from_limited(Limited::from_state(s.spec, s.state), now);
+        let mut e = Entry::with_state(s.spec, s.state, now);
         e.reset_gen = s.reset_gen;
         e.version = s.version;
-        e.reports = s.reports;
+        e.reports = Reports::from(s.reports);
         e
     }
 
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
-            spec: *self.limited.spec(),
+            spec: *self.spec,
             reset_gen: self.reset_gen,
             version: self.version,
-            state: self.limited.state().clone(),
-            reports: self.reports.clone(),
+            state: self.state.clone(),
+            reports: self.reports.to_vec(),
         }
     }
 
@@ -193,26 +224,22 @@ impl Entry {
             };
             return;
         }
-        let mine = *self.limited.spec();
-        let (spec, theirs) = if other.spec == mine {
-            (mine, other.state)
+        let mine = *self.spec;
+        let theirs = if other.spec == mine {
+            other.state
         } else if (other.version, format!("{:?}", other.spec)) > (self.version, format!("{mine:?}"))
         {
             // Their spec is newer: move ours to it, then join.
-            let converted = self.limited.state().convert(&mine, &other.spec, now);
-            self.limited = Limited::from_state(other.spec, converted);
-            (other.spec, other.state)
+            self.state = self.state.convert(&mine, &other.spec, now);
+            self.set_spec(&other.spec);
+            other.state
         } else {
-            (mine, other.state.convert(&other.spec, &mine, now))
+            other.state.convert(&other.spec, &mine, now)
         };
-        self.limited.merge_state(&theirs);
-        debug_assert_eq!(*self.limited.spec(), spec);
+        self.state.merge(&theirs, &self.spec);
         self.version = self.version.max(other.version);
         for (edge, seq) in other.reports {
-            match self.reports.iter_mut().find(|(e, _)| *e == edge) {
-                Some((_, last)) => *last = (*last).max(seq),
-                None => self.reports.push((edge, seq)),
-            }
+            self.reports.raise(edge, seq);
         }
     }
 
@@ -262,12 +289,13 @@ impl Entry {
         if reset_gen < self.reset_gen {
             return;
         }
-        let seen = Limited::seeded(spec, tokens, at);
-        if reset_gen > self.reset_gen || *self.limited.spec() != spec {
-            self.limited = seen;
+        let seen = State::with_consumed(&spec, tokens, at);
+        if reset_gen > self.reset_gen || *self.spec != spec {
+            self.state = seen;
+            self.set_spec(&spec);
             self.reset_gen = reset_gen;
         } else {
-            self.limited.merge_state(seen.state());
+            self.state.merge(&seen, &self.spec);
         }
         self.version += 1;
         self.last_seen = self.last_seen.max(at);
@@ -278,12 +306,10 @@ impl Entry {
     /// with a sequence number at or below the last applied from that edge is
     /// a retry and changes nothing. Returns whether it was applied.
     pub fn absorb_report(&mut self, edge: &str, seq: u64, hits: u64, at: Nanos) -> bool {
-        match self.reports.iter_mut().find(|(e, _)| &**e == edge) {
-            Some((_, last)) if *last >= seq => return false,
-            Some((_, last)) => *last = seq,
-            None => self.reports.push((Arc::from(edge), seq)),
+        if !self.reports.advance(edge, seq) {
+            return false;
         }
-        self.limited.absorb(hits, at);
+        self.absorb(hits, at);
         self.version += 1;
         self.last_seen = self.last_seen.max(at);
         self.referenced = true;
@@ -293,30 +319,50 @@ impl Entry {
     /// Count `hits` as consumed at `at`, with no report slot (see
     /// [`crate::store::Store::fold`]).
     pub fn fold(&mut self, hits: u64, at: Nanos) {
-        self.limited.absorb(hits, at);
+        self.absorb(hits, at);
         self.version += 1;
+    }
+
+    /// Count `hits` spent elsewhere (see [`State::absorb`]). Nothing can be
+    /// admitted under a deny-all spec, so there is nothing to absorb into one.
+    fn absorb(&mut self, hits: u64, at: Nanos) {
+        if self.spec.limit() > 0 {
+            self.state.absorb(&self.spec, hits, at);
+        }
     }
 
     pub fn reset_gen(&self) -> u64 {
         self.reset_gen
     }
 
+    /// Decide under `spec`, as [`crate::algorithm::Limited::decide`] does:
+    /// a changed spec takes effect at once and keeps what was consumed; a
+    /// deny-all spec denies without converting.
     pub fn decide(&mut self, spec: &Spec, req: Cost, now: Nanos) -> Decision {
-        let d = self.limited.decide(spec, req, now);
+        let d = if spec.limit() == 0 {
+            State::fresh(spec, now).decide(spec, req, now)
+        } else {
+            if *spec != *self.spec {
+                self.state.follow(&self.spec, spec, now);
+                self.set_spec(spec);
+            }
+            self.state.decide(spec, req, now)
+        };
         self.last_seen = self.last_seen.max(now);
         self.referenced = true;
         if req.hits > 0 {
             self.version += 1;
-            self.hits = self.hits.saturating_add(req.hits);
+            let hits = u32::try_from(req.hits).unwrap_or(u32::MAX);
+            self.hits = self.hits.saturating_add(hits);
             if !d.allowed() {
-                self.refusals += 1;
+                self.refusals = self.refusals.saturating_add(1);
             }
         }
         d
     }
 
     pub fn reset(&mut self, now: Nanos) {
-        self.limited.reset(now);
+        self.state = State::fresh(&self.spec, now);
         self.reset_gen += 1;
         self.version += 1;
         self.last_seen = self.last_seen.max(now);
@@ -331,7 +377,7 @@ impl Entry {
     /// refill_a_key`: the sweeper removed the key between the reset and the
     /// inspect, once in seven runs.)
     pub fn idle_after(&self) -> Nanos {
-        let fresh = self.limited.state().idle_after(self.limited.spec());
+        let fresh = self.state.idle_after(&self.spec);
         if self.reset_gen > 0 {
             fresh.max(self.last_seen.saturating_add(RESET_MEMORY))
         } else {
@@ -342,8 +388,8 @@ impl Entry {
     /// How far from fresh, in millionths of the capacity: the eviction score
     /// (lowest goes first, so a key at 99% of a monthly quota goes last).
     pub fn fullness_ppm(&self, now: Nanos) -> u64 {
-        let spec = self.limited.spec();
-        let used = u128::from(self.limited.state().consumed(spec, now));
+        let spec = &*self.spec;
+        let used = u128::from(self.state.consumed(spec, now));
         match u128::from(spec.capacity()) {
             0 => 0,
             cap => u64::try_from(used * 1_000_000 / cap).unwrap_or(u64::MAX),
@@ -356,11 +402,11 @@ impl Entry {
     }
 
     pub fn hits(&self) -> u64 {
-        self.hits
+        u64::from(self.hits)
     }
 
     pub fn refusals(&self) -> u64 {
-        self.refusals
+        u64::from(self.refusals)
     }
 
     pub fn last_seen(&self) -> Nanos {
@@ -368,8 +414,8 @@ impl Entry {
     }
 
     pub fn view(&self, now: Nanos) -> View {
-        let spec = *self.limited.spec();
-        let mut state = self.limited.state().clone();
+        let spec = *self.spec;
+        let mut state = self.state.clone();
         let peek = state.decide(&spec, Cost::hits(0), now);
         View {
             spec,
@@ -377,9 +423,77 @@ impl Entry {
             reset_at: peek.reset_at,
             reset_gen: self.reset_gen,
             version: self.version,
-            hits: self.hits,
-            refusals: self.refusals,
+            hits: self.hits(),
+            refusals: self.refusals(),
             last_seen: self.last_seen,
         }
+    }
+}
+
+/// The last report sequence applied from each edge that reported a key.
+/// Boxed, so the many keys never reported on pay one pointer.
+#[derive(Clone, Debug, Default)]
+#[expect(
+    clippy::box_collection,
+    reason = "one pointer in every entry, not a Vec's three"
+)]
+struct Reports(Option<Box<Vec<Slot>>>);
+
+/// An edge's id and the last sequence applied from it.
+type Slot = (Arc<str>, u64);
+
+impl From<Vec<(Arc<str>, u64)>> for Reports {
+    fn from(slots: Vec<(Arc<str>, u64)>) -> Reports {
+        Reports((!slots.is_empty()).then(|| Box::new(slots)))
+    }
+}
+
+impl Reports {
+    fn slots(&self) -> &[(Arc<str>, u64)] {
+        self.0.as_deref().map_or(&[], Vec::as_slice)
+    }
+
+    fn to_vec(&self) -> Vec<(Arc<str>, u64)> {
+        self.slots().to_vec()
+    }
+
+    /// Record `seq` from `edge` if it is newer than the last; returns
+    /// whether it was (a report at or below the last is a retry).
+    fn advance(&mut self, edge: &str, seq: u64) -> bool {
+        let slots = self.0.get_or_insert_with(Box::default);
+        match slots.iter_mut().find(|(e, _)| &**e == edge) {
+            Some((_, last)) if *last >= seq => false,
+            Some((_, last)) => {
+                *last = seq;
+                true
+            }
+            None => {
+                slots.push((Arc::from(edge), seq));
+                true
+            }
+        }
+    }
+
+    /// Keep the later of `seq` and what `edge` has (a merge).
+    fn raise(&mut self, edge: Arc<str>, seq: u64) {
+        let slots = self.0.get_or_insert_with(Box::default);
+        match slots.iter_mut().find(|(e, _)| *e == edge) {
+            Some((_, last)) => *last = (*last).max(seq),
+            None => slots.push((edge, seq)),
+        }
+    }
+
+    /// Bytes held out of line: the box, the slots' capacity, and each edge
+    /// id's `Arc<str>` (counted per key even when keys share an edge's id:
+    /// the budget errs high, never low).
+    fn heap_bytes(&self) -> usize {
+        self.0.as_ref().map_or(0, |slots| {
+            size_of::<Vec<(Arc<str>, u64)>>()
+                + slots.capacity() * size_of::<(Arc<str>, u64)>()
+                + slots
+                    .iter()
+                    .map(|(edge, _)| arc_bytes(edge.len()))
+                    .sum::<usize>()
+        })
     }
 }

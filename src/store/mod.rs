@@ -20,6 +20,7 @@ mod entry;
 mod evict;
 pub mod key;
 mod replication;
+mod specs;
 mod top;
 mod types;
 

@@ -357,3 +357,11 @@ fn the_store_reports_its_own_series() {
         "{text}"
     );
 }
+
+#[test]
+fn an_entry_stays_small() {
+    // The table holds one entry per key and runs half empty past each
+    // power of two: every byte here is about two per key (issue 21).
+    assert_eq!(size_of::<crate::algorithm::State>(), 32);
+    assert_eq!(size_of::<Entry>(), 88);
+}

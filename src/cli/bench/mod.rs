@@ -52,6 +52,10 @@ pub struct BenchArgs {
     /// Distinct keys.
     #[arg(long, default_value_t = 10_000)]
     keys: u64,
+    /// Pad each unique key with zeros to this many bytes (`k0000…42`), as
+    /// API keys are; 0: as short as the number (`k42`).
+    #[arg(long, default_value_t = 0)]
+    key_bytes: usize,
     /// uniform, zipf (exponent --zipf-s), hot (every request one key) or
     /// seq (each key in turn: touches all of them in --keys decisions).
     #[arg(long, default_value = "uniform", value_parser = ["uniform", "zipf", "hot", "seq"])]
@@ -156,11 +160,20 @@ struct Run {
 }
 
 impl Run {
+    /// The next key: `k<n>`, padded to `--key-bytes`.
+    fn unique_key(&self, rng: &mut fastrand::Rng) -> String {
+        let n = self.keys.pick(rng);
+        format!(
+            "k{n:0>width$}",
+            width = self.args.key_bytes.saturating_sub(1)
+        )
+    }
+
     fn request(&self, rng: &mut fastrand::Rng) -> pb::CheckRequest {
         let requests = (0..self.args.items.max(1))
             .map(|_| pb::RateLimitRequest {
                 name: self.args.name.clone(),
-                unique_key: format!("k{}", self.keys.pick(rng)),
+                unique_key: self.unique_key(rng),
                 limit: self.args.limit,
                 duration_ms: Some(self.args.duration_ms),
                 algorithm: self.algorithm,
@@ -240,7 +253,7 @@ impl Run {
         rng: &mut fastrand::Rng,
     ) -> Option<Vec<(Outcome, bool)>> {
         let keys: Vec<String> = (0..self.args.items.max(1))
-            .map(|_| format!("{}:k{}", self.args.name, self.keys.pick(rng)))
+            .map(|_| format!("{}:{}", self.args.name, self.unique_key(rng)))
             .collect();
         let mut conn = conns[n as usize % conns.len()].lock().await;
         let admitted = conn
