@@ -417,6 +417,7 @@ async fn a_full_peer_queue_falls_back_to_the_lease() {
     let via: Vec<&TestNode> = nodes.iter().collect();
     let mut tally = Tally::default();
     offer(&via, &keys, BEFORE as usize, &request(), &mut tally).await;
+    let before = tally.admitted_via.clone();
     // Many concurrent batches through node-0 overflow its one-slot queues.
     let mut tasks = Vec::new();
     for _ in 0..8 {
@@ -472,8 +473,17 @@ async fn a_full_peer_queue_falls_back_to_the_lease() {
     let own = &by["node-0"];
     tally.assert_per_key(LIMIT, |k| !own.iter().any(|o| o == k), LEASE_BOUND);
     // Under: a full queue falls back to node-0's lease, not to a refusal.
+    // Some of node-0's forwards find room and are decided exactly (how
+    // many is scheduling), so the remaining its lease is cut from may be
+    // what it saw after them: at least LIMIT − BEFORE − those, and the
+    // share ⌊that / 3⌋ − 1. (With the floor fixed at LEASE_FLOOR, which
+    // assumes none got through, this failed once in about 20 runs.)
     let forwarded: Vec<String> = keys.iter().filter(|k| !own.contains(k)).cloned().collect();
-    tally.assert_share(&forwarded, "node-0", LEASE_FLOOR);
+    tally.assert_share_by(&forwarded, "node-0", |k, exact| {
+        let at = (k.to_string(), "node-0".to_string());
+        let exact_in_fault = exact - before.get(&at).copied().unwrap_or(0);
+        (LIMIT - BEFORE - exact_in_fault) / 3 - 1
+    });
 }
 
 #[tokio::test(flavor = "multi_thread")]

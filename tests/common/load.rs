@@ -142,20 +142,25 @@ impl Tally {
     /// least `at_least` — its share of what it had seen, so a node that
     /// admits nothing when cut off cannot pass a fault test.
     pub fn assert_share(&self, keys: &[String], via: &str, at_least: i64) {
+        self.assert_share_by(keys, via, |_, _| at_least);
+    }
+
+    /// [`Tally::assert_share`], each key's floor computed from the key and
+    /// what `via` admitted of it exactly (through its owner) in the tally.
+    pub fn assert_share_by(&self, keys: &[String], via: &str, at_least: impl Fn(&str, i64) -> i64) {
         let short: Vec<String> = keys
             .iter()
             .filter_map(|k| {
-                let got = self
-                    .approximate_via
-                    .get(&(k.clone(), via.to_string()))
-                    .copied()
-                    .unwrap_or(0);
-                (got < at_least).then(|| format!("{k}: {got}"))
+                let at = (k.clone(), via.to_string());
+                let got = self.approximate_via.get(&at).copied().unwrap_or(0);
+                let exact = self.admitted_via.get(&at).copied().unwrap_or(0) - got;
+                let floor = at_least(k, exact);
+                (got < floor).then(|| format!("{k}: {got} (floor {floor}, {exact} exact)"))
             })
             .collect();
         assert!(
             short.is_empty(),
-            "{via} admitted less than its share ({at_least}) without the owner: {short:?}"
+            "{via} admitted less than its share without the owner: {short:?}"
         );
     }
 
