@@ -37,8 +37,8 @@ def cpu_seconds(pid):
 
 
 class Cluster:
-    def __init__(self, n, pin=True, extra=(), bin=BIN):
-        self.procs, self.grpc = [], []
+    def __init__(self, n, pin=True, extra=(), bin=BIN, env=None):
+        self.procs, self.grpc, self.http = [], [], []
         seed = None
         for i in range(n):
             grpc = f"127.0.0.1:{free_port()}"
@@ -46,15 +46,17 @@ class Cluster:
             env = dict(os.environ, RUST_LOG="warn",
                        SLUICE_CLUSTER__GOSSIP_ADDR=f"127.0.0.1:{gossip}",
                        SLUICE_CLUSTER__SECRET="bench-secret",
-                       SLUICE_CLUSTER__FORWARD_TIMEOUT="200ms")
+                       SLUICE_CLUSTER__FORWARD_TIMEOUT="200ms", **(env or {}))
             if seed:
                 env["SLUICE_CLUSTER__SEEDS"] = f'["127.0.0.1:{seed}"]'
             seed = seed or gossip
+            http = f"127.0.0.1:{free_port()}"
             cmd = (["taskset", "-c", "0"] if pin else []) + [
                 bin, "serve", "--node-id", f"bench-{i}",
-                "--grpc-addr", grpc, "--http-addr", f"127.0.0.1:{free_port()}", *extra]
+                "--grpc-addr", grpc, "--http-addr", http, *extra]
             self.procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL))
             self.grpc.append(grpc)
+            self.http.append(http)
         deadline = time.time() + 30
         while time.time() < deadline:
             if all(self.ready(addr, n) for addr in self.grpc):

@@ -211,48 +211,19 @@ def main():
         if base:
             base.stop()
 
-    # Memory per live key at 1M keys: every key touched once, each with a
-    # period long enough that none refills (so none expires or is swept).
-    mem_args = ["--dist", "seq", "--keys", "1000000", "--items", "100", "--concurrency", "16",
-                "--limit", "1000", "--duration-ms", str(1000 * 3600 * 1000)]
-    def sluice_memory(bin):
-        node = Cluster(1, extra=["--max-keys", "2000000"], bin=bin)
-        try:
-            time.sleep(1)
-            before = rss(node.procs[0].pid)
-            keys = bench_until(node, "sluice", mem_args)
-            return (rss(node.procs[0].pid) - before) / 1e6, keys
-        finally:
-            node.stop()
-
-    sluice_mem, sluice_keys = sluice_memory(BIN)
-    base_mem = sluice_memory(args.baseline)[0] if args.baseline else None
-    redis = Redis()
-    try:
-        before = redis.used_memory()
-        bench_until(redis, "redis", mem_args)
-        redis_mem = (redis.used_memory() - before) / 1e6
-        redis_keys = int(redis.cli("DBSIZE"))
-    finally:
-        redis.stop()
-
+    # Memory per live key at 1M keys, both targets measured alike (RSS
+    # growth; benches/memory.py, which also runs 10M keys and 28-byte keys).
+    import memory  # noqa: E402 (imports this module: load it once main runs)
+    mem = memory.measure([1_000_000], widths=(0,))[(1_000_000, 0)]
+    base_mem = memory.sluice_rss(1_000_000, 0, bin=args.baseline) / 1_000_000 \
+        if args.baseline else None
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "redis-results.json"), "w") as f:
         json.dump({"results": results,
                    "latency": {f"{k[0]}/{k[1]}": v for k, v in latency.items()},
                    "accuracy": accuracy}, f, indent=1)
-    report(args, results, latency, accuracy, peak, redis_version,
-           (sluice_mem, sluice_keys, redis_mem, redis_keys))
+    report(args, results, latency, accuracy, peak, redis_version, mem)
     if args.baseline:
-        before_after(args.baseline, results, sluice_mem, base_mem, sluice_keys)
-
-
-def bench_until(server, target, extra):
-    """One run long enough to touch every one of the 1M keys (`--dist seq`
-    wraps around after the last); returns the distinct keys touched."""
-    r = bench(target, server, 30, extra, base=False)
-    if r["errors"] or r["decisions"] < 1_000_000:
-        sys.exit(f"memory run on {target}: {r['decisions']} decisions, {r['errors']} errors")
-    return 1_000_000
+        before_after(args.baseline, results, mem["sluice"], base_mem)
 
 
 def report(args, results, latency, accuracy, peak, redis_version, mem):
@@ -286,11 +257,10 @@ def report(args, results, latency, accuracy, peak, redis_version, mem):
               f"| {b['p50']} | {b['p99']} | {b['p999']} "
               f"| {rb['server_core_share']:.0%} / {rb['generator_core_share']:.0%}{gen_flag(rb)} |")
     print()
-    sluice_mem, sluice_keys, redis_mem, redis_keys = mem
-    print(f"Memory per live key at 1M keys: Sluice {sluice_mem * 1e6 / sluice_keys:.0f} B "
-          f"(RSS growth {sluice_mem:.0f} MB over {sluice_keys:,} keys), Redis "
-          f"{redis_mem * 1e6 / max(redis_keys, 1):.0f} B (used_memory growth {redis_mem:.0f} MB "
-          f"over {redis_keys:,} keys).")
+    print(f"Memory per live key at 1M keys (`k<n>` keys), RSS growth for both: Sluice "
+          f"{mem['sluice']:.0f} B, Redis {mem['redis']:.0f} B "
+          f"(**{mem['sluice'] / mem['redis']:.2f}×**; Redis's own used_memory: "
+          f"{mem['redis_used']:.0f} B). More sizes: `benches/memory.py`.")
     print()
     print("Accuracy: one hot key, token bucket 1000/s (burst 1000), 16 callers; exact admits "
           "1000 + 1000 × seconds:")
@@ -311,7 +281,8 @@ def report(args, results, latency, accuracy, peak, redis_version, mem):
     chart(results, latency)
 
 
-def before_after(baseline, results, mem, base_mem, keys):
+def before_after(baseline, results, mem, base_mem):
+    """`mem`, `base_mem`: bytes per live key of this build and the baseline."""
     """This build against the baseline build, from the same alternated runs."""
     print()
     print(f"This build against `{baseline}` (same run, alternated; decisions per server CPU-second):")
@@ -322,8 +293,8 @@ def before_after(baseline, results, mem, base_mem, keys):
         a, b = r["sluice"], r["baseline"]
         print(f"| {mode} | {b['per_cpu_s']:,.0f}{flag(b)} | {a['per_cpu_s']:,.0f}{flag(a)} "
               f"| **{a['per_cpu_s'] / b['per_cpu_s']:.2f}×** |")
-    print(f"| bytes per live key at 1M keys (RSS growth) | {base_mem * 1e6 / keys:.0f} "
-          f"| {mem * 1e6 / keys:.0f} | {mem / base_mem:.2f}× |")
+    print(f"| bytes per live key at 1M keys (RSS growth) | {base_mem:.0f} "
+          f"| {mem:.0f} | {mem / base_mem:.2f}× |")
 
 
 def chart(results, latency):

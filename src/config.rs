@@ -385,6 +385,10 @@ impl Limits {
 /// its bound (10,000 entries, 256 KiB of queue) could not be held twice.
 pub const MIN_MAX_MEMORY: u64 = 1 << 20;
 
+/// The most keys a store may be configured for (`limits.max_keys`,
+/// `cluster.lease_max_keys`).
+pub const MAX_MAX_KEYS: usize = 1_000_000_000;
+
 /// The longest `cluster.forward_timeout`: an edge keeps acknowledged lease
 /// spending (`lease::SETTLED_FOR`) for longer than any forward can wait.
 pub const MAX_FORWARD_TIMEOUT: Duration = Duration::from_secs(10);

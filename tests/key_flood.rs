@@ -49,8 +49,10 @@ const DAY_MS: i64 = 24 * HOUR_MS;
 const STEADY_LIMIT: i64 = 2_000_000;
 const STEADY_FIRST: i64 = 200_000;
 const STEADY_HITS: i64 = 10;
-/// Peak resident memory allowed for 1M keys, everything included.
-const MEMORY_BOUND_MIB: u64 = 1_024;
+/// Peak resident memory allowed for 1M keys, everything included: issue
+/// 21's target (measured 169 MiB: 136 MB of slots, ~10 MB of index, the
+/// process's own 13 MiB and the flood's buffers).
+const MEMORY_BOUND_MIB: u64 = 192;
 
 struct Proc(Child);
 

@@ -78,6 +78,14 @@ fn errors_name_the_key() {
         ("[limits]\nmax_keys = \"many\"\n", "max_keys"),
         ("[limits]\nmax_batch = 0\n", "limits.max_batch"),
         (
+            "[limits]\nmax_keys = 4294967296\n",
+            "limits.max_keys: at most 1000000000",
+        ),
+        (
+            "[cluster]\nlease_max_keys = 2000000000\n",
+            "cluster.lease_max_keys: at most",
+        ),
+        (
             "[limits]\nidle_connection_timeout = \"0s\"\n",
             "limits.idle_connection_timeout",
         ),

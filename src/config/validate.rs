@@ -26,6 +26,18 @@ impl Config {
                 return Err(ConfigError(format!("{key}: must be greater than zero")));
             }
         }
+        // The table numbers its slots with u32s (`store/table.rs`), and a
+        // billion keys is already ~150 GB.
+        for (key, v) in [
+            ("limits.max_keys", l.max_keys),
+            ("cluster.lease_max_keys", self.cluster.lease_max_keys),
+        ] {
+            if v > MAX_MAX_KEYS {
+                return Err(ConfigError(format!(
+                    "{key}: at most {MAX_MAX_KEYS}, got {v}"
+                )));
+            }
+        }
         if let Some(ByteSize(n)) = l.max_memory
             && n < MIN_MAX_MEMORY
         {

@@ -107,19 +107,18 @@ const fn arc_bytes(len: usize) -> usize {
     (2 * size_of::<usize>() + len).next_multiple_of(align_of::<usize>())
 }
 
-/// The bytes every entry holds in place, whatever its state: its slot in the
-/// hash table (key pointer and entry, plus hashbrown's one control byte per
-/// slot) and its slot in the eviction queue.
-pub const INLINE_BYTES: usize = size_of::<(Arc<[u8]>, Entry)>() + 1 + size_of::<Arc<[u8]>>();
+/// The bytes every entry holds in place, whatever its state: its slot in
+/// the table (the entry and its key, inline when short) and the index's
+/// slot number and control byte (`table.rs`).
+pub const INLINE_BYTES: usize = super::table::SLOT_BYTES;
 
 impl Entry {
     /// The bytes this entry holds under a key of `key_len` bytes — what
     /// `limits.max_memory` budgets. One function, so a change of the
     /// entry's layout changes the budget with it:
     ///
-    /// - [`INLINE_BYTES`]: the table slot and the eviction queue slot;
-    /// - the key's `Arc<[u8]>` allocation (one per key: the table, the
-    ///   eviction queue and the replication queue share it);
+    /// - [`INLINE_BYTES`]: the table's slot and index slot;
+    /// - a long key's box (a short one is inline);
     /// - the state's own allocation (the sliding log's box and queue, by
     ///   capacity);
     /// - the report slots, if any: their box, the `Vec`'s capacity, and
@@ -128,11 +127,13 @@ impl Entry {
     /// - the spec, only when it is the key's own (a shared spec belongs to
     ///   no key, and `specs::MAX_SHARED` bounds them).
     ///
-    /// Not counted: the table's spare capacity (hashbrown grows by doubling
-    /// at 7/8 full, so between 1/7 and 9/7 of a slot more per key: for keys
-    /// with small states `max_keys` bounds it), and the replication queue
-    /// (one slot per changed key, only in a cluster, drained every
-    /// `replicate_interval`).
+    /// Not counted: the table's spare capacity (its index grows by doubling
+    /// at 7/8 full, 5 bytes a slot; its slot array by an eighth), the holes
+    /// removed keys leave in the slot array until new keys fill them (at
+    /// most the keys a shard once held: `max_keys` bounds them), and the
+    /// replication queue (one key copy per changed key, only in a cluster,
+    /// drained every `replicate_interval`), and the top-key rankings' own
+    /// copies of at most 2 × 200 keys.
     pub fn footprint(&self, key_len: usize) -> usize {
         let spec = if self.own_spec {
             arc_bytes(size_of::<Spec>())
@@ -140,7 +141,7 @@ impl Entry {
             0 // shared: bounded by specs::MAX_SHARED, not by keys
         };
         INLINE_BYTES
-            + arc_bytes(key_len)
+            + super::table::key_heap_bytes(key_len)
             + self.state.heap_bytes()
             + self.reports.heap_bytes()
             + spec

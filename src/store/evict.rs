@@ -1,11 +1,9 @@
-//! Eviction at `max_keys` or `max_memory`: a clock-like hand over the keys in insertion
-//! order takes the key closest to fresh from a small sample — a key used
+//! Eviction at `max_keys` or `max_memory`: a clock-like hand over the table's
+//! slots takes the key closest to fresh from a small sample — a key used
 //! since the hand last passed gets a second chance, and keys much fuller
 //! than recent victims are passed over (up to a bound), so a flood of
 //! nearly fresh keys is evicted before the warm keys it pushed along.
 
-use std::collections::VecDeque;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::Store;
@@ -20,7 +18,10 @@ const MAX_PASS: usize = 4_096;
 impl Store {
     /// Evict until there is room for one more key, of `key_len` bytes.
     pub(super) fn make_room(&self, now: Nanos, key_len: usize) {
-        self.make_room_for(now, super::entry::INLINE_BYTES + key_len);
+        self.make_room_for(
+            now,
+            super::entry::INLINE_BYTES + super::table::key_heap_bytes(key_len),
+        );
     }
 
     /// Evict until there is room for one more key and `bytes` more bytes
@@ -43,48 +44,50 @@ impl Store {
 
     /// One turn of the eviction hand. Returns false if nothing could be evicted.
     fn evict_one(&self, now: Nanos) -> bool {
-        let mut queue = self.evict_queue();
+        let mut hand = self.hand.lock().unwrap_or_else(|p| p.into_inner());
         let typical = self.typical_victim.load(Ordering::Relaxed);
         let much_fuller = typical.saturating_mul(2).max(typical + 1_000);
-        let mut candidates: Vec<(u64, Nanos, Arc<[u8]>)> = Vec::with_capacity(SAMPLE);
-        let mut passed: Vec<(u64, Nanos, Arc<[u8]>)> = Vec::new();
-        // Every key gets at most one second chance per turn, so the turn ends.
-        let mut budget = 2 * queue.len() + SAMPLE;
+        let mut candidates: Vec<(u64, Nanos, Vec<u8>)> = Vec::with_capacity(SAMPLE);
+        // Of the keys passed over, only the freshest is kept: it is the
+        // victim if nothing near the usual turns up.
+        let mut passed = 0;
+        let mut freshest_passed: Option<(u64, Nanos, Vec<u8>)> = None;
+        // Every key gets at most one second chance per turn, so the turn
+        // ends: two laps of the table.
+        let mut budget = 2 * self.map.places() + SAMPLE;
         while candidates.len() < SAMPLE && budget > 0 {
             budget -= 1;
-            let Some(key) = queue.pop_front() else { break };
-            let Some(mut e) = self.map.get_mut(&key) else {
-                continue; // removed by a sweep or an earlier eviction
-            };
-            if e.take_reference() {
-                drop(e);
-                queue.push_back(key);
-                continue;
-            }
-            let fullness = e.fullness_ppm(now);
-            let candidate = (fullness, e.last_seen(), key);
-            if fullness > much_fuller && passed.len() < MAX_PASS {
-                passed.push(candidate);
-            } else {
-                candidates.push(candidate);
+            let seen = self.map.step(&mut hand, |k, e| {
+                if e.take_reference() {
+                    return None;
+                }
+                let fullness = e.fullness_ppm(now);
+                let pass = fullness > much_fuller && passed < MAX_PASS;
+                let keep = !pass
+                    || freshest_passed
+                        .as_ref()
+                        .is_none_or(|f| (fullness, e.last_seen()) < (f.0, f.1));
+                Some((pass, keep.then(|| (fullness, e.last_seen(), k.to_vec()))))
+            });
+            match seen {
+                Some(Some((true, better))) => {
+                    passed += 1;
+                    freshest_passed = better.or(freshest_passed);
+                }
+                Some(Some((false, Some(candidate)))) => candidates.push(candidate),
+                _ => {} // a hole, or a second chance given
             }
         }
-        if candidates.is_empty() {
-            // Nothing near the usual: the fullest keys are all there is.
-            candidates = std::mem::take(&mut passed);
-        }
-        candidates.sort();
-        let mut rest = candidates.into_iter();
-        let Some((fullness, _, victim)) = rest.next() else {
+        drop(hand);
+        // Nothing near the usual: the fullest keys are all there is.
+        let victim = candidates.into_iter().min().or(freshest_passed);
+        let Some((fullness, _, victim)) = victim else {
             return false;
         };
-        queue.extend(rest.map(|c| c.2));
-        queue.extend(passed.into_iter().map(|c| c.2));
-        drop(queue);
         self.typical_victim
             .store((typical * 7 + fullness) / 8, Ordering::Relaxed);
-        if let Some((k, e)) = self.map.remove(&victim) {
-            self.discharge(k.len(), &e);
+        if let Some(e) = self.map.remove(&victim) {
+            self.discharge(victim.len(), &e);
             self.count.fetch_sub(1, Ordering::Relaxed);
             self.stats.evictions.fetch_add(1, Ordering::Relaxed);
             if fullness > 0 {
@@ -92,21 +95,8 @@ impl Store {
                     .evictions_counting
                     .fetch_add(1, Ordering::Relaxed);
             }
-            self.top.forget(&k, (e.hits(), e.refusals()));
+            self.top.forget(&victim, (e.hits(), e.refusals()));
         }
         true
-    }
-
-    /// Drop queue slots of removed keys once they outnumber the live ones.
-    pub(super) fn compact_evict_queue(&self) {
-        let mut queue = self.evict_queue();
-        if queue.len() > 2 * self.len() + 1024 {
-            queue.retain(|k| self.map.contains_key(k));
-        }
-    }
-
-    pub(super) fn evict_queue(&self) -> std::sync::MutexGuard<'_, VecDeque<Arc<[u8]>>> {
-        // A panic while holding it leaves a queue that is still a valid list.
-        self.evict_queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

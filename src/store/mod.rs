@@ -1,16 +1,17 @@
 //! The in-memory table of limiter states.
 //!
-//! A `DashMap` from encoded key to [`Entry`]: each decision locks one shard
-//! for the few tens of nanoseconds the arithmetic takes, so refill, check and
-//! consume are atomic per key without a global lock. A lookup of an existing
-//! key allocates nothing (the key is encoded into a per-thread buffer); only a
-//! new key allocates.
+//! A sharded map from encoded key to [`Entry`] (`table.rs`): each decision
+//! locks one shard for the few tens of nanoseconds the arithmetic takes, so
+//! refill, check and consume are atomic per key without a global lock. A
+//! lookup of an existing key allocates nothing (the key is encoded into a
+//! per-thread buffer), nor does a new key with a short encoding (it is kept
+//! inline in its slot).
 //!
 //! Bounds: at most `max_keys` entries, holding at most `max_memory` bytes
 //! (`budget.rs`: each entry's footprint, kept as a running total). Idle keys — whose state has returned
 //! to fresh, so forgetting them loses nothing — are removed by [`Store::sweep`].
 //! When the table is full (of keys or of bytes), a new key evicts one: the eviction hand walks the
-//! keys in insertion order (a CLOCK), gives a key used since its last pass a
+//! table's slots in order (a CLOCK), gives a key used since its last pass a
 //! second chance, and among a sample of the others evicts the one closest to
 //! a fresh state — a key at 99% of a monthly quota is the last to go.
 
@@ -21,16 +22,15 @@ mod evict;
 pub mod key;
 mod replication;
 mod specs;
+mod table;
 mod top;
 mod types;
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use dashmap::DashMap;
-use dashmap::mapref::entry::Entry as MapEntry;
+use table::{Found, Table};
 
 pub use collector::StoreCollector;
 pub use entry::{Entry, INLINE_BYTES, Snapshot, View};
@@ -40,19 +40,17 @@ pub use types::{Absorbed, Fence, Holding, Report, Seed, Stale, StoreStats, TopBy
 
 use crate::algorithm::{Cost, Decision, Nanos, Spec};
 
-/// Keys come from clients, so the map's hasher is seeded randomly per process
-/// (flooding one bucket needs the seed); foldhash is several times faster
-/// than std's SipHash on the 30–100-byte keys Sluice sees.
+/// The top-key rankings' hasher: keys come from clients, so it is seeded
+/// randomly per process (see `table.rs`).
 type Hasher = foldhash::fast::RandomState;
 
 #[derive(Debug)]
 pub struct Store {
-    map: DashMap<Arc<[u8]>, Entry, Hasher>,
-    /// Keys in insertion order for the eviction hand (`evict.rs`). May
-    /// hold keys already removed (skipped when met, compacted by the
-    /// sweep); a std `Mutex` because it is held for a few pointer moves,
-    /// never across an await.
-    evict_queue: Mutex<VecDeque<Arc<[u8]>>>,
+    map: Table,
+    /// Where the eviction hand stands in the table (`evict.rs`); a std
+    /// `Mutex` because it is held for one turn of the hand, never across
+    /// an await.
+    hand: Mutex<table::Pos>,
     count: AtomicUsize,
     max_keys: usize,
     /// Bytes the entries hold, and `max_memory` (`budget.rs`).
@@ -87,13 +85,13 @@ impl Store {
         Store::presized(max_keys, max_memory, 0)
     }
 
-    /// [`Store::bounded`], with the table and eviction queue allocated for
+    /// [`Store::bounded`], with the table allocated for
     /// `capacity` keys up front: no growth copies while it fills (and a
     /// measure of what entries allocate sees only the entries).
     pub fn presized(max_keys: usize, max_memory: usize, capacity: usize) -> Store {
         Store {
-            map: DashMap::with_capacity_and_hasher(capacity, Hasher::default()),
-            evict_queue: Mutex::new(VecDeque::with_capacity(capacity)),
+            map: Table::with_capacity(capacity),
+            hand: Mutex::default(),
             count: AtomicUsize::new(0),
             max_keys: max_keys.max(1),
             budget: budget::Budget::new(max_memory),
@@ -184,22 +182,24 @@ impl Store {
         seed: Seed,
         fence: Option<Fence<'_>>,
     ) -> Result<Decision, Stale> {
-        if let Some(mut e) = self.map.get_mut(key) {
+        let existing = self.map.with_mut(key, |e| {
             self.fenced(fence)?;
-            let before = counts(&e);
-            let (decision, grew) = self.metered(key.len(), &mut e, |e| e.decide(spec, req, now));
-            let after = counts(&e);
+            let before = counts(e);
+            let (decision, grew) = self.metered(key.len(), e, |e| e.decide(spec, req, now));
+            let after = counts(e);
             // Recorded under the shard's lock, so an eviction or removal
             // (which forgets the key after taking it out of the map) cannot
             // fall in between and leave a key that is gone in the rankings.
             if self.top.due(before, after) {
-                self.top.record(e.key(), before, after);
+                self.top.record(key, before, after);
             }
             if req.hits > 0 {
-                let (k, v) = e.pair_mut();
-                self.changed(k, v);
+                self.changed(key, e);
             }
-            drop(e);
+            Ok((decision, grew))
+        });
+        if let Some(done) = existing {
+            let (decision, grew) = done?;
             self.after_growth(grew, now);
             return Ok(decision);
         }
@@ -212,47 +212,43 @@ impl Store {
             return Ok(fresh(spec).decide(spec, req, now));
         }
         self.make_room(now, key.len());
-        let key: Arc<[u8]> = Arc::from(key);
-        let (decision, created, grew) = match self.map.entry(key.clone()) {
-            MapEntry::Occupied(mut o) => {
+        let (decision, grew) = self.map.entry(key, |found| match found {
+            Found::Occupied(e) => {
                 self.fenced(fence)?;
-                let e = o.get_mut();
                 let before = counts(e);
                 let (decision, grew) = self.metered(key.len(), e, |e| e.decide(spec, req, now));
-                self.changed(&key, e);
+                self.changed(key, e);
                 let after = counts(e);
                 if self.top.due(before, after) {
-                    self.top.record(&key, before, after);
+                    self.top.record(key, before, after);
                 }
-                (decision, false, grew)
+                Ok((decision, grew))
             }
-            MapEntry::Vacant(v) => {
+            Found::Vacant(v) => {
                 self.fenced(fence)?;
                 let mut e = fresh(spec);
                 let before = counts(&e);
                 let decision = e.decide(spec, req, now);
-                self.changed(&key, &mut e);
+                self.changed(key, &mut e);
                 self.charge(key.len(), &e);
                 let after = counts(&e);
-                let _held = v.insert(e);
+                self.inserted();
+                v.insert(e);
                 if self.top.due(before, after) {
-                    self.top.record(&key, before, after);
+                    self.top.record(key, before, after);
                 }
-                (decision, true, true)
+                Ok((decision, true))
             }
-        };
-        if created {
-            self.inserted(key);
-        }
+        })?;
         self.after_growth(grew, now);
         Ok(decision)
     }
 
-    /// A key was added to the table: count it and queue it for the
-    /// eviction hand.
-    fn inserted(&self, key: Arc<[u8]>) {
+    /// A key goes into the table: counted before it is there (under its
+    /// shard's lock), so an eviction that meets it never takes the count
+    /// below the keys in the table.
+    fn inserted(&self) {
         self.count.fetch_add(1, Ordering::Relaxed);
-        self.evict_queue().push_back(key);
     }
 
     /// Run `f` on the key's entry, creating it with `create` if missing.
@@ -263,30 +259,31 @@ impl Store {
         create: impl FnOnce() -> Entry,
         f: impl FnOnce(&mut Entry) -> R,
     ) -> R {
-        if let Some(mut e) = self.map.get_mut(key) {
-            let (r, grew) = self.metered(key.len(), &mut e, f);
-            drop(e);
+        // `f` runs once, in whichever lock finds the key.
+        let mut f = Some(f);
+        let mut run = |e: &mut Entry| (f.take().expect("runs once"))(e);
+        if let Some((r, grew)) = self
+            .map
+            .with_mut(key, |e| self.metered(key.len(), e, &mut run))
+        {
             self.after_growth(grew, now);
             return r;
         }
         self.make_room(now, key.len());
-        let key: Arc<[u8]> = Arc::from(key);
-        let (r, created, grew) = match self.map.entry(key.clone()) {
-            MapEntry::Occupied(mut o) => {
-                let (r, grew) = self.metered(key.len(), o.get_mut(), f);
-                (r, false, grew)
+        let (r, grew) = self.map.entry(key, |found| match found {
+            Found::Occupied(e) => {
+                let (r, grew) = self.metered(key.len(), e, &mut run);
+                (r, grew)
             }
-            MapEntry::Vacant(v) => {
+            Found::Vacant(v) => {
                 let mut e = create();
-                let r = f(&mut e);
+                let r = run(&mut e);
                 self.charge(key.len(), &e);
+                self.inserted();
                 v.insert(e);
-                (r, true, true)
+                (r, true)
             }
-        };
-        if created {
-            self.inserted(key);
-        }
+        });
         self.after_growth(grew, now);
         r
     }
@@ -343,63 +340,61 @@ impl Store {
                 Absorbed::Duplicate
             }
         };
-        if let Some(mut e) = self.map.get_mut(key) {
+        let existing = self.map.with_mut(key, |e| {
             self.fenced(fence)?;
-            let (absorbed, grew) = self.metered(key.len(), &mut e, apply);
+            let (absorbed, grew) = self.metered(key.len(), e, apply);
             if absorbed == Absorbed::Applied {
-                let (k, v) = e.pair_mut();
-                self.changed(k, v);
+                self.changed(key, e);
             }
-            drop(e);
+            Ok((absorbed, grew))
+        });
+        if let Some(done) = existing {
+            let (absorbed, grew) = done?;
             self.after_growth(grew, report.at);
             return Ok(absorbed);
         }
         self.make_room(report.at, key.len());
-        let key: Arc<[u8]> = Arc::from(key);
-        let (absorbed, created, grew) = match self.map.entry(key.clone()) {
-            MapEntry::Occupied(mut o) => {
+        let (absorbed, grew) = self.map.entry(key, |found| match found {
+            Found::Occupied(e) => {
                 self.fenced(fence)?;
-                let e = o.get_mut();
                 let (absorbed, grew) = self.metered(key.len(), e, apply);
                 if absorbed == Absorbed::Applied {
-                    self.changed(&key, e);
+                    self.changed(key, e);
                 }
-                (absorbed, false, grew)
+                Ok((absorbed, grew))
             }
-            MapEntry::Vacant(v) => {
+            Found::Vacant(v) => {
                 self.fenced(fence)?;
                 let mut e = Entry::new(*spec, report.at);
                 let absorbed = apply(&mut e);
-                self.changed(&key, &mut e);
+                self.changed(key, &mut e);
                 self.charge(key.len(), &e);
+                self.inserted();
                 v.insert(e);
-                (absorbed, true, true)
+                Ok((absorbed, true))
             }
-        };
-        if created {
-            self.inserted(key);
-        }
+        })?;
         self.after_growth(grew, report.at);
         Ok(absorbed)
     }
 
     /// The key's reset generation (0 for a key not in memory).
     pub fn reset_gen(&self, key: &[u8]) -> u64 {
-        self.map.get(key).map_or(0, |e| e.reset_gen())
+        self.map.with(key, |e| e.reset_gen()).unwrap_or(0)
     }
 
     /// Forget a key (an edge's view of it, after an admin reset).
     pub fn remove(&self, key: &[u8]) {
-        if let Some((k, e)) = self.map.remove(key) {
-            self.discharge(k.len(), &e);
+        if let Some(e) = self.map.remove(key) {
+            self.discharge(key.len(), &e);
             self.count.fetch_sub(1, Ordering::Relaxed);
-            self.top.forget(&k, counts(&e));
+            self.top.forget(key, counts(&e));
         }
     }
 
     /// Whole tokens the key has left at `now`, if it is in memory.
     pub fn remaining(&self, key: &[u8], now: Nanos) -> Option<(Spec, u64)> {
-        self.map.get(key).map(|e| {
+        self.map.with(key, |e| {
             let v = e.view(now);
             (v.spec, v.remaining)
         })
@@ -407,7 +402,7 @@ impl Store {
 
     /// The key's whole entry, to send to another node.
     pub fn snapshot(&self, key: &[u8]) -> Option<Snapshot> {
-        self.map.get(key).map(|e| e.snapshot())
+        self.map.with(key, |e| e.snapshot())
     }
 
     /// Merge another copy of a key's lineage (a replica, a handoff, a
@@ -427,42 +422,45 @@ impl Store {
         fence: Option<Fence<'_>>,
     ) {
         let owned = || holding == Holding::Owned && self.fenced(fence).is_ok();
-        if let Some(mut e) = self.map.get_mut(key) {
-            let ((), grew) = self.metered(key.len(), &mut e, |e| e.merge(snapshot, now));
+        // The snapshot moves into whichever lock finds the key.
+        let mut snapshot = Some(snapshot);
+        let existing = self.map.with_mut(key, |e| {
+            let ((), grew) = self.metered(key.len(), e, |e| {
+                e.merge(snapshot.take().expect("merged once"), now)
+            });
             if owned() {
-                let (k, v) = e.pair_mut();
-                self.changed(k, v);
+                self.changed(key, e);
             }
-            drop(e);
+            grew
+        });
+        if let Some(grew) = existing {
             self.after_growth(grew, now);
             return;
         }
         self.make_room(now, key.len());
-        let key: Arc<[u8]> = Arc::from(key);
-        let (created, grew) = match self.map.entry(key.clone()) {
-            MapEntry::Occupied(mut o) => {
-                let e = o.get_mut();
-                let ((), grew) = self.metered(key.len(), e, |e| e.merge(snapshot, now));
+        let grew = self.map.entry(key, |found| match found {
+            Found::Occupied(e) => {
+                let ((), grew) = self.metered(key.len(), e, |e| {
+                    e.merge(snapshot.take().expect("merged once"), now)
+                });
                 if owned() {
-                    self.changed(&key, e);
+                    self.changed(key, e);
                 }
-                (false, grew)
+                grew
             }
-            MapEntry::Vacant(v) => {
-                let mut e = Entry::from_snapshot(snapshot, now);
+            Found::Vacant(v) => {
+                let mut e = Entry::from_snapshot(snapshot.take().expect("merged once"), now);
                 if owned() {
-                    self.changed(&key, &mut e);
+                    self.changed(key, &mut e);
                 } else {
                     e.mark_copy();
                 }
                 self.charge(key.len(), &e);
+                self.inserted();
                 v.insert(e);
-                (true, true)
+                true
             }
-        };
-        if created {
-            self.inserted(key);
-        }
+        });
         self.after_growth(grew, now);
     }
 
@@ -470,11 +468,12 @@ impl Store {
     /// before a key is passed on): added as they are, with no report slot —
     /// a fold is not a report that could be retried.
     pub fn fold(&self, key: &[u8], hits: u64, now: Nanos) {
-        if let Some(mut e) = self.map.get_mut(key) {
-            let ((), grew) = self.metered(key.len(), &mut e, |e| e.fold(hits, now));
-            let (k, v) = e.pair_mut();
-            self.changed_at(k, v, None);
-            drop(e);
+        let grew = self.map.with_mut(key, |e| {
+            let ((), grew) = self.metered(key.len(), e, |e| e.fold(hits, now));
+            self.changed_at(key, e, None);
+            grew
+        });
+        if let Some(grew) = grew {
             self.after_growth(grew, now);
         }
     }
@@ -483,66 +482,62 @@ impl Store {
     /// marked a copy in the same lock step (so nothing decided here can fall
     /// between the two), and whether it was this node's own count.
     pub fn take(&self, key: &[u8]) -> Option<(Snapshot, bool)> {
-        let mut e = self.map.get_mut(key)?;
-        Some(e.take())
+        self.map.with_mut(key, Entry::take)
     }
 
     /// Whether this node holds the key's count as its owner — not a
     /// replica, nor a copy left behind when the key moved away. A new owner
     /// takes a key from the others unless it does.
     pub fn holds_own(&self, key: &[u8]) -> bool {
-        self.map.get(key).is_some_and(|e| !e.is_copy())
+        self.map.with(key, |e| !e.is_copy()).unwrap_or(false)
     }
 
     /// Every entry becomes a copy (this node rejoins as a new member: its
     /// counts are wherever the ring sent them while it was away).
     pub fn mark_all_copies(&self) {
-        self.map.iter_mut().for_each(|mut e| e.mark_copy());
+        self.map.for_each_mut(Entry::mark_copy);
     }
 
     /// Every key in memory and whether it is a copy: the ownership
-    /// transfer's one scan per view. Only pointer copies are made under
-    /// each shard's lock; the caller sorts the keys out afterwards.
+    /// transfer's one scan per view. Only the keys are copied under each
+    /// shard's lock; the caller sorts them out afterwards.
     pub fn keys(&self) -> Vec<(Arc<[u8]>, bool)> {
         let mut keys = Vec::with_capacity(self.len());
-        for e in self.map.iter() {
-            keys.push((e.key().clone(), e.value().is_copy()));
-        }
+        self.map
+            .for_each(|k, e| keys.push((Arc::from(k), e.is_copy())));
         keys
     }
 
     pub fn contains(&self, key: &[u8]) -> bool {
-        self.map.contains_key(key)
+        self.map.contains(key)
     }
 
     /// Forget a key's consumption (an admin reset, at the key's owner):
     /// its reset generation grows, so every copy and report from before the
     /// reset is ignored wherever it arrives. Returns whether it existed.
     pub fn reset(&self, key: &[u8], now: Nanos, fence: Option<Fence<'_>>) -> Result<bool, Stale> {
-        match self.map.get_mut(key) {
-            Some(mut e) => {
-                self.fenced(fence)?;
-                self.metered(key.len(), &mut e, |e| e.reset(now));
-                let (k, v) = e.pair_mut();
-                self.changed(k, v);
-                Ok(true)
-            }
+        let reset = self.map.with_mut(key, |e| {
+            self.fenced(fence)?;
+            self.metered(key.len(), e, |e| e.reset(now));
+            self.changed(key, e);
+            Ok(())
+        });
+        match reset {
+            Some(done) => done.map(|()| true),
             None => Ok(false),
         }
     }
 
     /// A key's spec and state, without consuming.
     pub fn inspect(&self, key: &[u8], now: Nanos) -> Option<View> {
-        self.map.get(key).map(|e| e.view(now))
+        self.map.with(key, |e| e.view(now))
     }
 
     /// Remove every key whose state is back to fresh. Returns how many.
     pub fn sweep(&self, now: Nanos) -> usize {
-        let mut removed = 0;
-        self.map.retain(|k, e| {
+        let removed = self.map.retain(|k, e| {
             let keep = e.idle_after() > now;
             if !keep {
-                removed += 1;
                 self.discharge(k.len(), e);
             }
             keep
@@ -551,9 +546,8 @@ impl Store {
         self.stats
             .expired
             .fetch_add(removed as u64, Ordering::Relaxed);
-        self.compact_evict_queue();
         if removed > 0 {
-            self.top.retain(|k| self.map.contains_key(k));
+            self.top.retain(|k| self.map.contains(k));
         }
         removed
     }

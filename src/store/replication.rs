@@ -26,16 +26,18 @@ impl Store {
 
     /// This node changed the key as its owner (a decision, a report, a
     /// reset, a merge it owns): the count here is no longer a copy.
-    pub(super) fn changed(&self, key: &Arc<[u8]>, e: &mut Entry) {
+    pub(super) fn changed(&self, key: &[u8], e: &mut Entry) {
         e.counted_here();
         self.changed_at(key, e, None)
     }
 
     /// Queue `key` once, stamped `at` (default: now, read only if queued).
-    pub(super) fn changed_at(&self, key: &Arc<[u8]>, e: &mut Entry, at: Option<Instant>) {
+    /// The queue holds its own copy of the key (the table keeps keys inline).
+    pub(super) fn changed_at(&self, key: &[u8], e: &mut Entry, at: Option<Instant>) {
         if self.replicating.load(Ordering::Relaxed) && e.enqueue() {
             let at = at.unwrap_or_else(Instant::now);
-            self.changed_lock().push_back((key.clone(), at));
+            let key = Arc::from(key); // allocated before the queue's lock
+            self.changed_lock().push_back((key, at));
         }
     }
 
@@ -56,10 +58,10 @@ impl Store {
         let taken = keys
             .into_iter()
             .filter_map(|k| {
-                let mut e = self.map.get_mut(&k)?;
-                e.dequeue();
-                let snap = e.snapshot();
-                drop(e);
+                let snap = self.map.with_mut(&k, |e| {
+                    e.dequeue();
+                    e.snapshot()
+                })?;
                 Some((k, snap))
             })
             .collect();
@@ -79,10 +81,8 @@ impl Store {
     /// from there rather than from the retry.
     pub fn requeue(&self, keys: impl IntoIterator<Item = Arc<[u8]>>, since: Instant) {
         for k in keys {
-            if let Some(mut e) = self.map.get_mut(&k) {
-                let (k, v) = e.pair_mut();
-                self.changed_at(k, v, Some(since));
-            }
+            self.map
+                .with_mut(&k, |e| self.changed_at(&k, e, Some(since)));
         }
     }
 

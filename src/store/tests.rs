@@ -364,4 +364,7 @@ fn an_entry_stays_small() {
     // power of two: every byte here is about two per key (issue 21).
     assert_eq!(size_of::<crate::algorithm::State>(), 32);
     assert_eq!(size_of::<Entry>(), 88);
+    // A slot (the entry and a key of up to 46 bytes inline) and the
+    // index's slot number and control byte: the README's sizing figure.
+    assert_eq!(crate::store::INLINE_BYTES, 141);
 }

@@ -77,7 +77,7 @@ impl TopKeys {
     }
 
     /// Record the key's counts in the rankings it is due in.
-    pub fn record(&self, key: &Arc<[u8]>, before: Counts, after: Counts) {
+    pub fn record(&self, key: &[u8], before: Counts, after: Counts) {
         if self.hits.due(before.0, after.0) {
             self.hits.update(key, after.0);
         }
@@ -162,13 +162,13 @@ impl Ranking {
         self.candidates.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn update(&self, key: &Arc<[u8]>, count: u64) {
+    fn update(&self, key: &[u8], count: u64) {
         let mut set = self.lock();
-        if let Some(c) = set.get_mut(&**key) {
+        if let Some(c) = set.get_mut(key) {
             // Two threads may record one key out of order.
             *c = (*c).max(count);
         } else if set.len() < self.capacity {
-            set.insert(key.clone(), count);
+            set.insert(Arc::from(key), count);
         } else {
             let Some((lowest, at)) = lowest(&set) else {
                 return;
@@ -177,7 +177,7 @@ impl Ranking {
                 return;
             }
             set.remove(&lowest);
-            set.insert(key.clone(), count);
+            set.insert(Arc::from(key), count);
         }
         self.refloor(&set);
     }
@@ -234,25 +234,27 @@ impl Store {
         };
         // A min-heap of the best n so far, on (metric, key) for a stable order.
         let mut heap: BinaryHeap<Reverse<(u64, Arc<[u8]>)>> = BinaryHeap::new();
-        let mut offer = |m: u64, k: &Arc<[u8]>| {
-            if m > 0 {
-                heap.push(Reverse((m, k.clone())));
+        let mut offer = |m: u64, k: &[u8]| {
+            // Past the n-th best, a key is not even copied.
+            let worst = heap.peek().map(|r| r.0.0);
+            if m > 0 && (heap.len() < n || worst.is_some_and(|w| m >= w)) {
+                heap.push(Reverse((m, Arc::from(k))));
                 if heap.len() > n {
                     heap.pop();
                 }
             }
         };
         if n > DEFAULT_K {
-            for item in self.map.iter() {
-                if !item.value().is_copy() {
-                    offer(metric(item.value()), item.key());
+            self.map.for_each(|k, e| {
+                if !e.is_copy() {
+                    offer(metric(e), k);
                 }
-            }
+            });
         } else {
             let mut gone = Vec::new();
             for (k, _) in self.top.candidates(by) {
-                match self.map.get(&k) {
-                    Some(e) if !e.is_copy() => offer(metric(&e), &k),
+                match self.map.with(&k, |e| (!e.is_copy()).then(|| metric(e))) {
+                    Some(Some(m)) => offer(m, &k),
                     _ => gone.push(k),
                 }
             }
@@ -264,7 +266,7 @@ impl Store {
         best.sort_by(|a, b| b.cmp(a));
         best.into_iter()
             .filter_map(|(_, k)| {
-                let v = self.map.get(&k)?.view(now);
+                let v = self.map.with(&k, |e| e.view(now))?;
                 Some((k, v))
             })
             .collect()
