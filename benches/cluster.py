@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 BIN = os.path.join(os.path.dirname(__file__), "..", "target", "release", "sluice")
 TICK = os.sysconf("SC_CLK_TCK")
@@ -34,6 +35,11 @@ def cpu_seconds(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+
+
+def metrics(http):
+    """A node's /metrics text (`http`: its http_addr)."""
+    return urllib.request.urlopen(f"http://{http}/metrics", timeout=10).read().decode()
 
 
 class Cluster:

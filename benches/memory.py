@@ -22,10 +22,9 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster import BIN, Cluster  # noqa: E402
+from cluster import BIN, Cluster, metrics  # noqa: E402
 from redis import Redis, bench, ensure_binary, ensure_redis, rss  # noqa: E402
 
 # Decisions per second the generator at least reaches on each target with
@@ -47,10 +46,9 @@ def touch_all(target, server, keys, key_bytes):
 
 
 def metric(http, name):
-    with urllib.request.urlopen(f"http://{http}/metrics", timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
+    for line in metrics(http).splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
     sys.exit(f"no {name} in {http}/metrics")
 
 

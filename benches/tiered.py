@@ -17,14 +17,9 @@ import json
 import os
 import subprocess
 import sys
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
-from cluster import BIN, Cluster, cpu_seconds  # noqa: E402
-
-
-def metrics(http):
-    return urllib.request.urlopen(f"http://{http}/metrics", timeout=5).read().decode()
+from cluster import BIN, Cluster, cpu_seconds, metrics  # noqa: E402
 
 
 def histogram_p99(texts, name):

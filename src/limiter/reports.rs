@@ -94,8 +94,9 @@ impl Limiter {
     }
 
     /// Before this edge asks `owner` to decide a key: what it admitted on a
-    /// lease for the key and the owner has not acknowledged (`report`, from
-    /// [`Leases::report_for`](crate::lease::Leases::report_for)) goes first,
+    /// lease for the key and the owner has not acknowledged (`report`, which
+    /// must come from [`Leases::report_for`](crate::lease::Leases::report_for):
+    /// only its sequence is acknowledged in the table) goes first,
     /// within `deadline`. A new owner after a failover otherwise decides on the
     /// count it took over — without the leases the edges spent while no
     /// owner answered — until the next report round, and grants that
@@ -114,21 +115,23 @@ impl Limiter {
     ) -> bool {
         // The report in flight (the flusher's, say), then one of the hits
         // since (bounded: hits a lease admits meanwhile are that lease's,
-        // as any race with it).
-        let mut next = Some(report);
-        for _ in 0..2 {
-            let Some(report) = next else {
-                return true;
-            };
-            // Cancelled (the deadline, or the caller gone): the report stays
-            // in flight and is resent unchanged; nothing is half-done.
-            let sent = self.send_reports(owner, std::slice::from_ref(&report));
-            if !matches!(tokio::time::timeout_at(deadline, sent).await, Ok(1)) {
-                return false;
-            }
-            next = self.shared.leases.report_for(&report.key);
+        // as any race with it). No lookup after the last send: it would
+        // cut a report this path never sends.
+        if !self.send_one(owner, &report, deadline).await {
+            return false;
         }
-        true
+        match self.shared.leases.report_for(&report.key) {
+            Some(rest) => self.send_one(owner, &rest, deadline).await,
+            None => true,
+        }
+    }
+
+    /// Send one report to `owner` within `deadline`; true if acknowledged.
+    /// Cancelled (the deadline, or the caller gone): the report stays in
+    /// flight and is resent unchanged; nothing is half-done.
+    async fn send_one(&self, owner: &str, report: &Report, deadline: tokio::time::Instant) -> bool {
+        let sent = self.send_reports(owner, std::slice::from_ref(report));
+        matches!(tokio::time::timeout_at(deadline, sent).await, Ok(1))
     }
 
     /// One call's worth of reports to `owner`; returns how many it

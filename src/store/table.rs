@@ -24,12 +24,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use hashbrown::HashTable;
 
-use super::Entry;
-
-/// Keys come from clients, so the hasher is seeded randomly per process
-/// (flooding one bucket needs the seed); foldhash is several times faster
-/// than std's SipHash on the 30–100-byte keys Sluice sees.
-type Hasher = foldhash::fast::RandomState;
+use super::{Entry, Hasher};
 
 /// A key's bytes inside its slot when they fit: most keys are a short
 /// name and an API key, IP or tenant id.
