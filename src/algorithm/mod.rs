@@ -128,6 +128,15 @@ pub(crate) trait Arithmetic: Clone + Sized {
     }
     /// Consumption at `t` in whole tokens, rounded up (for conversions).
     fn consumed(&self, spec: &Spec, t: Nanos) -> u64;
+    /// Consumption at `now`, as after settling, leaving the state as it
+    /// is. The default settles a copy; a state whose copy is dear (the
+    /// sliding log's queue) answers in place, since eviction asks this of
+    /// every key its hand passes.
+    fn consumed_at(&self, spec: &Spec, now: Nanos) -> u64 {
+        let mut s = self.clone();
+        let t = s.settle(spec, now);
+        s.consumed(spec, t)
+    }
     /// A state at `t` that has consumed `tokens`.
     fn with_consumed(spec: &Spec, tokens: u64, t: Nanos) -> Self {
         let mut s = Self::fresh(spec, t);
@@ -174,6 +183,9 @@ impl<A: Arithmetic> Arithmetic for Box<A> {
     }
     fn consumed(&self, spec: &Spec, t: Nanos) -> u64 {
         (**self).consumed(spec, t)
+    }
+    fn consumed_at(&self, spec: &Spec, now: Nanos) -> u64 {
+        (**self).consumed_at(spec, now)
     }
     fn with_consumed(spec: &Spec, tokens: u64, t: Nanos) -> Self {
         Box::new(A::with_consumed(spec, tokens, t))
@@ -341,11 +353,7 @@ impl State {
 
     /// Consumption at `now` in whole tokens, rounded up.
     pub fn consumed(&self, spec: &Spec, now: Nanos) -> u64 {
-        let mut s = self.clone();
-        dispatch!(&mut s, s => {
-            let t = s.settle(spec, now);
-            s.consumed(spec, t)
-        })
+        dispatch!(self, s => s.consumed_at(spec, now))
     }
 
     /// Whole hits available at `now`, without consuming.

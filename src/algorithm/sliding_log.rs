@@ -187,6 +187,20 @@ impl Arithmetic for SlidingLog {
         sat64(self.total)
     }
 
+    /// What [`SlidingLog::settle`] would leave, without copying the queue:
+    /// the total less the entries it would drop.
+    fn consumed_at(&self, spec: &Spec, now: Nanos) -> u64 {
+        let t = self.newest().map_or(now, |n| now.max(n));
+        let d = spec.duration();
+        let expired: u128 = self
+            .entries
+            .iter()
+            .take_while(|&&(ts, _)| ts.saturating_add(d) <= t)
+            .map(|&(_, n)| u128::from(n))
+            .sum();
+        sat64(self.total - expired)
+    }
+
     fn rescale(&self, old: &Spec, new: &Spec, t: Nanos) -> Self {
         if old.duration() == new.duration() {
             let mut s = self.clone();
@@ -287,6 +301,31 @@ mod tests {
         match &st {
             State::SlidingWindowLog(l) => assert_eq!(l.entries().count(), 5),
             _ => unreachable!(),
+        }
+    }
+
+    proptest::proptest! {
+        /// Eviction's in-place answer is what settling a copy gives, at
+        /// any time: before, inside and past the entries' window.
+        #[test]
+        fn consumed_in_place_equals_settling_a_copy(
+            entries in proptest::collection::vec((0u64..100, 1u64..=u64::MAX / 4), 0..40),
+            limit in 1u64..=50,
+            duration in 1u64..=60,
+            now in 0u64..200,
+        ) {
+            let sp = Spec::new(
+                Algorithm::SlidingWindowLog,
+                limit,
+                Period::Duration(duration * S),
+                None,
+            )
+            .unwrap();
+            let entries = entries.into_iter().map(|(t, n)| (t * S, n)).collect();
+            let log = SlidingLog::from_entries(&sp, entries);
+            let mut copy = log.clone();
+            let t = copy.settle(&sp, now * S);
+            proptest::prop_assert_eq!(log.consumed_at(&sp, now * S), copy.consumed(&sp, t));
         }
     }
 }

@@ -64,6 +64,7 @@ impl Store {
     /// Run `f` on an entry in the table, keeping the byte total true;
     /// returns what `f` returned and whether the entry grew (the caller
     /// then makes room, once it has let go of the entry's lock).
+    #[inline(always)]
     pub(super) fn metered<R>(
         &self,
         key_len: usize,

@@ -51,6 +51,7 @@ impl Key {
         }
     }
 
+    #[inline]
     fn get(&self) -> &[u8] {
         match self {
             Key::Inline { len, bytes } => &bytes[..usize::from(*len)],
@@ -85,6 +86,7 @@ struct Shard {
 }
 
 impl Shard {
+    #[inline]
     fn find(&self, hash: u64, key: &[u8]) -> Option<u32> {
         let slots = &self.slots;
         self.index
@@ -93,6 +95,7 @@ impl Shard {
     }
 }
 
+#[inline]
 fn slot_key(slots: &[Option<Slot>], i: u32) -> &[u8] {
     slots[i as usize].as_ref().map_or(&[], |s| s.key.get())
 }
@@ -201,6 +204,7 @@ impl Table {
         }
     }
 
+    #[inline]
     fn locate(&self, key: &[u8]) -> (u64, usize) {
         let hash = self.hasher.hash_one(key);
         // The high bits pick the shard; hashbrown uses the low ones and
@@ -209,16 +213,19 @@ impl Table {
         (hash, shard)
     }
 
+    #[inline]
     fn write(&self, shard: usize) -> RwLockWriteGuard<'_, Shard> {
         self.shards[shard].0.write()
     }
 
+    #[inline]
     fn read(&self, shard: usize) -> RwLockReadGuard<'_, Shard> {
         self.shards[shard].0.read()
     }
 
     /// Run `f` on the key's entry, if it is in the table, under its
     /// shard's write lock.
+    #[inline]
     pub fn with_mut<R>(&self, key: &[u8], f: impl FnOnce(&mut Entry) -> R) -> Option<R> {
         let (hash, s) = self.locate(key);
         let mut shard = self.write(s);
@@ -230,6 +237,7 @@ impl Table {
 
     /// Run `f` on the key's entry, if it is in the table, under its
     /// shard's read lock.
+    #[inline]
     pub fn with<R>(&self, key: &[u8], f: impl FnOnce(&Entry) -> R) -> Option<R> {
         let (hash, s) = self.locate(key);
         let shard = self.read(s);
@@ -243,6 +251,7 @@ impl Table {
 
     /// Run `f` on the key's entry or on the place to insert it, under its
     /// shard's write lock.
+    #[inline]
     pub fn entry<R>(&self, key: &[u8], f: impl FnOnce(Found<'_>) -> R) -> R {
         let (hash, s) = self.locate(key);
         let mut guard = self.write(s);
