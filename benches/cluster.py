@@ -49,18 +49,19 @@ class Cluster:
         for i in range(n):
             grpc = f"127.0.0.1:{free_port()}"
             gossip = free_port(socket.SOCK_DGRAM)
-            env = dict(os.environ, RUST_LOG="warn",
+            node_env = dict(os.environ, RUST_LOG="warn",
                        SLUICE_CLUSTER__GOSSIP_ADDR=f"127.0.0.1:{gossip}",
                        SLUICE_CLUSTER__SECRET="bench-secret",
                        SLUICE_CLUSTER__FORWARD_TIMEOUT="200ms", **(env or {}))
             if seed:
-                env["SLUICE_CLUSTER__SEEDS"] = f'["127.0.0.1:{seed}"]'
+                node_env["SLUICE_CLUSTER__SEEDS"] = f'["127.0.0.1:{seed}"]'
             seed = seed or gossip
             http = f"127.0.0.1:{free_port()}"
             cmd = (["taskset", "-c", "0"] if pin else []) + [
                 bin, "serve", "--node-id", f"bench-{i}",
-                "--grpc-addr", grpc, "--http-addr", http, *extra]
-            self.procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL))
+                "--grpc-addr", grpc, "--http-addr", http,
+                "--admin-addr", f"127.0.0.1:{free_port()}", *extra]
+            self.procs.append(subprocess.Popen(cmd, env=node_env, stdout=subprocess.DEVNULL))
             self.grpc.append(grpc)
             self.http.append(http)
         deadline = time.time() + 30

@@ -327,5 +327,33 @@ mod tests {
             let t = copy.settle(&sp, now * S);
             proptest::prop_assert_eq!(log.consumed_at(&sp, now * S), copy.consumed(&sp, t));
         }
+
+        /// The same at the edges: timestamps whose window end saturates at
+        /// `u64::MAX`, entries of `u64::MAX` hits (a total past `u64`), and
+        /// more entries than the limit (folded first).
+        #[test]
+        fn consumed_in_place_equals_settling_a_copy_at_the_edges(
+            entries in proptest::collection::vec(
+                (0u64..=100 * S, proptest::prop_oneof![1u64..=10, proptest::strategy::Just(u64::MAX)]),
+                0..40,
+            ),
+            limit in 1u64..=8,
+            duration in 1u64..=60,
+            before_end in 0u64..=200 * S,
+        ) {
+            let sp = Spec::new(
+                Algorithm::SlidingWindowLog,
+                limit,
+                Period::Duration(duration * S),
+                None,
+            )
+            .unwrap();
+            let entries = entries.into_iter().map(|(back, n)| (u64::MAX - back, n)).collect();
+            let log = SlidingLog::from_entries(&sp, entries);
+            let now = u64::MAX - before_end;
+            let mut copy = log.clone();
+            let t = copy.settle(&sp, now);
+            proptest::prop_assert_eq!(log.consumed_at(&sp, now), copy.consumed(&sp, t));
+        }
     }
 }
