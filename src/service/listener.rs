@@ -23,6 +23,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::Connected;
 
+use super::coalesce::Coalescing;
 use super::idle::{Activity, ConnInfo, HttpConn, Idle};
 use crate::metrics::Resources;
 use crate::tls::Reloading;
@@ -35,7 +36,8 @@ const READY_QUEUE: usize = 64;
 /// A connection that holds its listener's permit while open, and ends
 /// itself once idle.
 pub struct Limited<IO> {
-    io: IO,
+    /// Responses ready together leave in one write (see [`Coalescing`]).
+    io: Coalescing<IO>,
     _permit: OwnedSemaphorePermit,
     activity: Arc<Activity>,
     idle: Idle,
@@ -50,7 +52,7 @@ impl<IO: Connected> Connected for Limited<IO> {
 
     fn connect_info(&self) -> Self::ConnectInfo {
         ConnInfo {
-            transport: self.io.connect_info(),
+            transport: self.io.get_ref().connect_info(),
             activity: self.activity.clone(),
         }
     }
@@ -197,7 +199,7 @@ impl<L: Accept> Listener<L> {
                         // its own timeout).
                         let activity = Activity::new();
                         let conn = Limited {
-                            io,
+                            io: Coalescing::new(io),
                             _permit: permit,
                             idle: Idle::new(activity.clone(), idle_timeout),
                             activity,
@@ -267,7 +269,7 @@ impl axum::serve::Listener for HttpListener {
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         loop {
             match self.incoming.next().await {
-                Some(Ok(conn)) => match conn.io.peer_addr() {
+                Some(Ok(conn)) => match conn.io.get_ref().peer_addr() {
                     Ok(addr) => return (conn, addr),
                     // Gone before it was served.
                     Err(_) => continue,
