@@ -69,6 +69,7 @@ class Cluster:
             if all(self.ready(addr, n) for addr in self.grpc):
                 return
             time.sleep(0.2)
+        self.stop()  # no node outlives a cluster that did not form
         sys.exit("cluster did not form")
 
     def status(self, addr):

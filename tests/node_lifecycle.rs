@@ -18,6 +18,7 @@ async fn config_reload_applies_good_edits_and_refuses_broken_ones() {
     let write = |limit: &str| {
         let body = format!(
             "node_id = \"test-node\"\ngrpc_addr = \"127.0.0.1:0\"\nhttp_addr = \"127.0.0.1:0\"\n\
+             [admin]\naddr = \"127.0.0.1:0\"\n\
              [policies.api]\nlimit = {limit}\nduration = \"1m\"\n"
         );
         // Write then rename, as editors do, so the watcher never reads half a file.
