@@ -59,19 +59,16 @@ def main():
     args = ap.parse_args()
     ensure_binary()
     callers = [int(c) for c in args.callers.split(",")]
-    one, three = {}, {}
-    node = Cluster(1)
-    try:
-        for c in callers:
-            one[c] = run(node, args.seconds, c)
-    finally:
-        node.stop()
-    nodes = Cluster(3)
-    try:
-        for c in callers:
-            three[c] = run(nodes, args.seconds, c)
-    finally:
-        nodes.stop()
+
+    def runs(n):
+        """{callers: figures} on a fresh cluster of `n` nodes."""
+        cluster = Cluster(n)
+        try:
+            return {c: run(cluster, args.seconds, c) for c in callers}
+        finally:
+            cluster.stop()
+
+    one, three = runs(1), runs(3)
 
     print(f"## Forwarding, 1 decision per call ({time.strftime('%Y-%m-%d')}; "
           f"`benches/forwarding.py --seconds {args.seconds} --callers {args.callers}`)")

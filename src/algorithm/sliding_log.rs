@@ -304,6 +304,27 @@ mod tests {
         }
     }
 
+    /// `consumed_at` against settling a copy, for a log of `entries`
+    /// under `limit` per `duration` seconds, asked at `now`.
+    fn in_place_and_settled(
+        entries: Vec<(Nanos, u64)>,
+        limit: u64,
+        duration: u64,
+        now: Nanos,
+    ) -> (u64, u64) {
+        let sp = Spec::new(
+            Algorithm::SlidingWindowLog,
+            limit,
+            Period::Duration(duration * S),
+            None,
+        )
+        .unwrap();
+        let log = SlidingLog::from_entries(&sp, entries);
+        let mut copy = log.clone();
+        let t = copy.settle(&sp, now);
+        (log.consumed_at(&sp, now), copy.consumed(&sp, t))
+    }
+
     proptest::proptest! {
         /// Eviction's in-place answer is what settling a copy gives, at
         /// any time: before, inside and past the entries' window.
@@ -314,18 +335,9 @@ mod tests {
             duration in 1u64..=60,
             now in 0u64..200,
         ) {
-            let sp = Spec::new(
-                Algorithm::SlidingWindowLog,
-                limit,
-                Period::Duration(duration * S),
-                None,
-            )
-            .unwrap();
             let entries = entries.into_iter().map(|(t, n)| (t * S, n)).collect();
-            let log = SlidingLog::from_entries(&sp, entries);
-            let mut copy = log.clone();
-            let t = copy.settle(&sp, now * S);
-            proptest::prop_assert_eq!(log.consumed_at(&sp, now * S), copy.consumed(&sp, t));
+            let (in_place, settled) = in_place_and_settled(entries, limit, duration, now * S);
+            proptest::prop_assert_eq!(in_place, settled);
         }
 
         /// The same at the edges: timestamps whose window end saturates at
@@ -341,19 +353,10 @@ mod tests {
             duration in 1u64..=60,
             before_end in 0u64..=200 * S,
         ) {
-            let sp = Spec::new(
-                Algorithm::SlidingWindowLog,
-                limit,
-                Period::Duration(duration * S),
-                None,
-            )
-            .unwrap();
             let entries = entries.into_iter().map(|(back, n)| (u64::MAX - back, n)).collect();
-            let log = SlidingLog::from_entries(&sp, entries);
             let now = u64::MAX - before_end;
-            let mut copy = log.clone();
-            let t = copy.settle(&sp, now);
-            proptest::prop_assert_eq!(log.consumed_at(&sp, now), copy.consumed(&sp, t));
+            let (in_place, settled) = in_place_and_settled(entries, limit, duration, now);
+            proptest::prop_assert_eq!(in_place, settled);
         }
     }
 }

@@ -14,6 +14,11 @@
 //! next flush writes all their responses in one call. A lone response
 //! waits one trip through the run queue, not a timer. The held bytes are
 //! bounded by [`MAX_HELD`]; past it a write drains them first.
+//!
+//! Bytes still held when a connection is dropped unflushed are lost — as
+//! they would be in h2's or hyper's own buffers: every such path (an I/O
+//! error, a forced shutdown) ends the connection anyway, and a clean close
+//! drains first (`poll_shutdown`).
 
 use std::io;
 use std::pin::Pin;
@@ -77,6 +82,17 @@ impl<IO: AsyncWrite + Unpin> Coalescing<IO> {
         Poll::Ready(Ok(()))
     }
 
+    /// Capacity for `len` more held bytes (which fit under [`MAX_HELD`]):
+    /// grown by doubling as a Vec does, but never past the bound, so a
+    /// connection's buffer is at most [`MAX_HELD`] bytes.
+    fn hold(&mut self, len: usize) {
+        let need = self.held.len() + len;
+        if need > self.held.capacity() {
+            let want = need.max(self.held.capacity() * 2).min(MAX_HELD);
+            self.held.reserve_exact(want - self.held.len());
+        }
+    }
+
     /// Room for `len` more bytes: drains first when they would not fit.
     fn poll_room(&mut self, cx: &mut Context<'_>, len: usize) -> Poll<io::Result<()>> {
         if !self.held.is_empty() && self.held.len() + len > MAX_HELD {
@@ -109,6 +125,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Coalescing<IO> {
             // straight through.
             return Pin::new(&mut this.io).poll_write(cx, buf);
         }
+        this.hold(buf.len());
         this.held.extend_from_slice(buf);
         Poll::Ready(Ok(buf.len()))
     }
@@ -124,6 +141,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Coalescing<IO> {
         if len >= MAX_HELD {
             return Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
         }
+        this.hold(len);
         for b in bufs {
             this.held.extend_from_slice(b);
         }
@@ -248,6 +266,12 @@ mod tests {
         assert_eq!(c.io.writes[1], vec![8u8; MAX_HELD / 2]);
         assert_eq!(c.io.writes[2], big);
         assert!(c.held.is_empty());
+        // Held bytes up to the bound never take a buffer past it (a Vec
+        // left to itself would double 40 KB to 80 KB here).
+        assert!(write(&mut c, &[1u8; 40 * 1024]).is_ready());
+        assert!(write(&mut c, &[2u8; 24 * 1024]).is_ready());
+        assert_eq!(c.held.len(), MAX_HELD);
+        assert!(c.held.capacity() <= MAX_HELD);
     }
 
     #[test]
