@@ -42,6 +42,15 @@ def metrics(http):
     return urllib.request.urlopen(f"http://{http}/metrics", timeout=10).read().decode()
 
 
+def metric_sum(text, name):
+    """Sum of a metric's samples in /metrics `text`, over its label sets."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 class Cluster:
     def __init__(self, n, pin=True, extra=(), bin=BIN, env=None):
         self.procs, self.grpc, self.http = [], [], []

@@ -20,17 +20,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster import Cluster, metrics  # noqa: E402
+from cluster import Cluster, metric_sum, metrics  # noqa: E402
 from redis import bench, ensure_binary  # noqa: E402
-
-
-def metric(text, name):
-    """Sum of a metric's samples over its label sets."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def forward_figures(cluster):
@@ -38,8 +29,8 @@ def forward_figures(cluster):
     rpcs = items = 0.0
     for http in cluster.http:
         text = metrics(http)
-        rpcs += metric(text, "sluice_forward_batch_size_count")
-        items += metric(text, "sluice_forward_batch_size_sum")
+        rpcs += metric_sum(text, "sluice_forward_batch_size_count")
+        items += metric_sum(text, "sluice_forward_batch_size_sum")
     return rpcs, items
 
 

@@ -116,7 +116,8 @@ impl Limiter {
         // The report in flight (the flusher's, say), then one of the hits
         // since (bounded: hits a lease admits meanwhile are that lease's,
         // as any race with it). No lookup after the last send: it would
-        // cut a report this path never sends.
+        // cut a report this path never sends (harmless — the flusher
+        // resends what is in flight — but an early cut).
         if !self.send_one(owner, &report, deadline).await {
             return false;
         }
