@@ -78,9 +78,9 @@ async fn decisions_come_from_sluice() {
 #[tokio::test(flavor = "multi_thread")]
 async fn batching_sends_concurrent_checks_together_and_exactly() {
     let node = start(config()).await;
+    // Batching is the default: no `.batching(..)` here.
     let client = Client::builder([node.node.grpc_addr.to_string()])
         .deadline(Duration::from_secs(5))
-        .batching(100)
         .build()
         .unwrap();
     let check = per_minute("batched", 100);
@@ -103,6 +103,30 @@ async fn batching_sends_concurrent_checks_together_and_exactly() {
     println!("300 concurrent checks in {calls} Check calls");
     assert_eq!(allowed, 100, "exactly the limit");
     assert!(calls < 300, "batched: {calls} calls for 300 checks");
+
+    // `.batching(0)`: one call per check, however many are in flight.
+    let single = Client::builder([node.node.grpc_addr.to_string()])
+        .deadline(Duration::from_secs(5))
+        .batching(0)
+        .build()
+        .unwrap();
+    let check = per_minute("unbatched", 10);
+    let tasks: Vec<_> = (0..30)
+        .map(|_| {
+            let (single, check) = (single.clone(), check.clone());
+            tokio::spawn(async move { single.check(&check).await.unwrap() })
+        })
+        .collect();
+    let mut allowed = 0;
+    for t in tasks {
+        allowed += usize::from(t.await.unwrap().allowed);
+    }
+    let calls = single
+        .stats()
+        .calls
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(allowed, 10, "exactly the limit");
+    assert_eq!(calls, 30, "one call per check");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1,7 +1,7 @@
 //! The `sluice` command line: `serve`, `check`, `admin`.
 
 mod admin;
-mod bench;
+pub mod bench;
 mod check;
 mod cluster;
 mod serve;

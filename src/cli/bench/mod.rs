@@ -19,7 +19,7 @@ use clap::Args;
 use hdrhistogram::Histogram;
 use tonic::transport::Channel;
 
-mod redis;
+pub mod redis;
 
 use super::{CliResult, connect};
 use crate::proto::v1 as pb;
