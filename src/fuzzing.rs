@@ -46,7 +46,7 @@ pub fn check_request(data: &[u8]) {
 /// [`check_request`], returning how many items were decided — so a kept
 /// input can be shown to reach the algorithms, not only the decoder.
 pub fn check_request_decided(data: &[u8]) -> usize {
-    let Ok(request) = pb::CheckRequest::decode(data) else {
+    let Ok(mut request) = pb::CheckRequest::decode(data) else {
         return 0;
     };
     let limits = Limits {
@@ -54,7 +54,7 @@ pub fn check_request_decided(data: &[u8]) -> usize {
         ..Limits::default()
     };
     let mut decided = 0;
-    for r in &request.requests {
+    for r in &mut request.requests {
         match crate::service::wire::check_from_wire(r, &limits) {
             Ok(check) => {
                 assert!((1..=64).contains(&check.name.len()), "{check:?}");

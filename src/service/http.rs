@@ -207,11 +207,11 @@ async fn check(State(s): State<AppState>, body: axum::body::Body) -> axum::respo
         Ok(b) => b,
         Err(e) => return invalid("body", format!("body: not a JSON check: {e}")),
     };
-    let wire_request = match request.into_wire() {
+    let mut wire_request = match request.into_wire() {
         Ok(r) => r,
         Err((field, message)) => return invalid(field, format!("{field}: {message}")),
     };
-    let check = match wire::check_from_wire(&wire_request, &s.limits) {
+    let check = match wire::check_from_wire(&mut wire_request, &s.limits) {
         Ok(c) => c,
         Err(e) => {
             s.limiter.metrics().invalid(e.field);

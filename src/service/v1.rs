@@ -37,7 +37,7 @@ impl RateLimiter for RateLimiterService {
     ) -> Result<Response<pb::CheckResponse>, Status> {
         let started = Instant::now();
         let budget = super::deadline::grpc_timeout(request.metadata());
-        let requests = request.into_inner().requests;
+        let mut requests = request.into_inner().requests;
         if let Err(e) = self.admission.batch("requests", requests.len()) {
             return Err(Status::resource_exhausted(e.to_string()));
         }
@@ -56,7 +56,7 @@ impl RateLimiter for RateLimiterService {
             return Ok(Response::new(pb::CheckResponse { responses }));
         };
         let checks = requests
-            .iter()
+            .iter_mut()
             .map(|r| wire::check_from_wire(r, &self.limits))
             .collect();
         let verdicts = self.limiter.check_batch_within(checks, budget).await;
