@@ -12,6 +12,7 @@ Installs redis-server if missing, builds what it runs, stops what it starts.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -39,7 +40,8 @@ def app_binary():
 def run(app, target, addr, pid, tasks, seconds, batching=0):
     cmd = ["taskset", "-c", "1", app, "--target", target, "--addr", addr, "--server-pid",
            str(pid), "--tasks", str(tasks), "--seconds", str(seconds), "--batching", str(batching)]
-    r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True,
+                                  timeout=seconds + 60).stdout)
     r["per_cpu_s"] = r["decisions"] / max(r["server_cpu_s"], 1e-9)
     r["app_us"] = r["app_cpu_s"] / max(r["decisions"], 1) * 1e6
     r["server_share"] = r["server_cpu_s"] / r["seconds"]
@@ -55,8 +57,11 @@ def main():
     ensure_redis()
     ensure_binary()
     app = app_binary()
-    node, redis = Cluster(1), Redis()
-    try:
+    with contextlib.ExitStack() as running:  # every server started is stopped
+        node = Cluster(1)
+        running.callback(node.stop)
+        redis = Redis()
+        running.callback(redis.stop)
         sluice_pid = node.procs[0].pid
         targets = {
             "sluice, 1 call per check": lambda t: run(app, "sluice", node.grpc[0], sluice_pid, t,
@@ -78,9 +83,6 @@ def main():
                           file=sys.stderr)
             rows.append((tasks, {n: max(rs, key=lambda r: r["per_cpu_s"]) for n, rs in runs.items()},
                          runs))
-    finally:
-        node.stop()
-        redis.stop()
     print(f"`benches/app.py --seconds {args.seconds:g} --reps {args.reps} --tasks {args.tasks}`\n")
     print("| tasks | client | decisions/s | per server CPU-s (runs) | ÷ redis-rs | server core "
           "| app µs CPU per decision | p50 µs | p99 µs | undecided |")

@@ -79,17 +79,24 @@ fn parse() -> Result<Args, String> {
     Ok(args)
 }
 
-/// utime + stime of `pid`, in seconds.
-fn cpu_seconds(pid: &str) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+/// utime + stime of `pid`, in seconds; an error when it cannot be read (a
+/// server gone is a failed run, never a run that cost nothing).
+fn cpu_seconds(pid: &str) -> Result<f64, String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_err(|e| format!("/proc/{pid}/stat: {e}"))?;
     let fields: Vec<&str> = stat
         .rsplit_once(')')
         .map(|(_, rest)| rest.split_whitespace().collect())
         .unwrap_or_default();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .ok_or(format!("/proc/{pid}/stat: no field {i}"))
+    };
     // SAFETY: sysconf reads a constant of the running kernel.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    (ticks(11).unwrap_or(0.0) + ticks(12).unwrap_or(0.0)) / hz
+    Ok((ticks(11)? + ticks(12)?) / hz)
 }
 
 /// One decision: `Some(admitted)`, or `None` when the target did not decide.
@@ -149,7 +156,7 @@ struct Tally {
     undecided: AtomicU64,
 }
 
-async fn run<D: Decide>(target: D, args: &Args) -> serde_json::Value {
+async fn run<D: Decide>(target: D, args: &Args) -> Result<serde_json::Value, String> {
     let stop = Arc::new(AtomicBool::new(false));
     let measuring = Arc::new(AtomicBool::new(false));
     let tally = Arc::new(Tally::default());
@@ -185,11 +192,14 @@ async fn run<D: Decide>(target: D, args: &Args) -> serde_json::Value {
     // A short warm-up (connections made, scripts loaded), then the window.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let pid = args.server_pid.to_string();
-    let (server0, app0, t0) = (cpu_seconds(&pid), cpu_seconds("self"), Instant::now());
+    let (server0, app0, t0) = (cpu_seconds(&pid)?, cpu_seconds("self")?, Instant::now());
     measuring.store(true, Ordering::Relaxed);
     tokio::time::sleep(Duration::from_secs_f64(args.seconds)).await;
     measuring.store(false, Ordering::Relaxed);
-    let (server1, app1, seconds) = (cpu_seconds(&pid), cpu_seconds("self"), t0.elapsed());
+    let (server1, app1, seconds) = (cpu_seconds(&pid)?, cpu_seconds("self")?, t0.elapsed());
+    if server1 <= server0 {
+        return Err(format!("--server-pid {pid} used no CPU: it is not serving"));
+    }
     stop.store(true, Ordering::Relaxed);
     let mut latency = Histogram::<u64>::new(3).expect("3 significant figures");
     for task in tasks {
@@ -197,7 +207,7 @@ async fn run<D: Decide>(target: D, args: &Args) -> serde_json::Value {
             let _ = latency.add(h);
         }
     }
-    serde_json::json!({
+    Ok(serde_json::json!({
         "target": args.target,
         "batching": args.batching,
         "tasks": args.tasks,
@@ -209,7 +219,7 @@ async fn run<D: Decide>(target: D, args: &Args) -> serde_json::Value {
         "p50_us": latency.value_at_quantile(0.5),
         "p99_us": latency.value_at_quantile(0.99),
         "p999_us": latency.value_at_quantile(0.999),
-    })
+    }))
 }
 
 fn main() {
@@ -231,14 +241,14 @@ fn main() {
                 .await
                 .map_err(|e| format!("--addr {}: {e}", args.addr))?;
             let script = Arc::new(redis::Script::new(sluice::cli::bench::redis::SCRIPT));
-            Ok::<_, String>(run(Redis { conn, script }, &args).await)
+            run(Redis { conn, script }, &args).await
         } else {
             let mut builder = Client::builder([args.addr.clone()])
                 // Throughput, not the fallback: a slow answer still counts.
                 .deadline(Duration::from_secs(2));
             builder = builder.batching(args.batching);
             let client = builder.build().map_err(|e| format!("--addr: {e}"))?;
-            Ok(run(Sluice(client), &args).await)
+            run(Sluice(client), &args).await
         }
     });
     match out {

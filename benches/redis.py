@@ -71,6 +71,7 @@ class Redis:
         deadline = time.time() + 10
         while self.cli("PING") != "PONG":
             if time.time() > deadline:
+                self.stop()  # no server outlives a start that failed
                 sys.exit("redis-server did not start")
             time.sleep(0.05)
 

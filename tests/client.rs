@@ -135,16 +135,20 @@ async fn an_unreachable_limiter_is_a_decision_and_is_counted() {
     let deadline = Duration::from_millis(50);
     let check = per_minute("down", 10);
 
-    let allow = Client::builder([dead_addr()])
-        .deadline(deadline)
-        .on_unavailable(OnUnavailable::Allow)
-        .build()
-        .unwrap();
-    for _ in 0..20 {
-        let d = allow.check(&check).await.unwrap();
-        assert!(d.allowed && d.source == Source::Unavailable, "{d:?}");
+    // Batched (the default) and one call per check alike.
+    for batching in [sluice_client::DEFAULT_BATCH, 0] {
+        let allow = Client::builder([dead_addr()])
+            .deadline(deadline)
+            .on_unavailable(OnUnavailable::Allow)
+            .batching(batching)
+            .build()
+            .unwrap();
+        for _ in 0..20 {
+            let d = allow.check(&check).await.unwrap();
+            assert!(d.allowed && d.source == Source::Unavailable, "{d:?}");
+        }
+        assert_eq!(allow.stats().unavailable_allowed.load(Relaxed), 20);
     }
-    assert_eq!(allow.stats().unavailable_allowed.load(Relaxed), 20);
 
     let deny = Client::builder([dead_addr()])
         .deadline(deadline)
@@ -192,4 +196,48 @@ async fn an_unreachable_limiter_is_a_decision_and_is_counted() {
         .unwrap();
     assert!(!unknown.allowed, "a policy with no local limit is refused");
     assert_eq!(local.stats().unavailable_local.load(Relaxed), 21);
+}
+
+/// A node that takes calls and never answers them (a stuck process; it
+/// ignores `grpc-timeout` as a half-open connection would): each call must
+/// give its slot back at the deadline, or once the client's few calls in
+/// flight are all stuck, every later check waits unsent behind them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_that_never_answers_holds_no_call_past_its_deadline() {
+    use sluice_api::v1 as pb;
+    use sluice_api::v1::rate_limiter_server::{RateLimiter, RateLimiterServer};
+    use std::sync::atomic::Ordering::Relaxed;
+
+    struct Stuck;
+    #[tonic::async_trait]
+    impl RateLimiter for Stuck {
+        async fn check(
+            &self,
+            _: tonic::Request<pb::CheckRequest>,
+        ) -> Result<tonic::Response<pb::CheckResponse>, tonic::Status> {
+            std::future::pending().await
+        }
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RateLimiterServer::new(Stuck))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let client = Client::builder([addr])
+        .deadline(Duration::from_millis(50))
+        .on_unavailable(OnUnavailable::Deny)
+        .build()
+        .unwrap();
+    for n in 0..10u64 {
+        let d = client.check(&per_minute("stuck", 10)).await.unwrap();
+        assert_eq!(d.source, Source::Unavailable, "check {n}: {d:?}");
+    }
+    assert_eq!(client.stats().unavailable_denied.load(Relaxed), 10);
+    // A client keeps 4 calls in flight: more than 4 calls means stuck ones
+    // gave their slots back (else checks 5 to 10 were never sent).
+    let calls = client.stats().calls.load(Relaxed);
+    assert!(calls > 4, "{calls} calls for 10 checks");
+    server.abort();
 }
