@@ -7,7 +7,7 @@ Lua script of `benches/redis.py`. The server on core 0, the app on core 1;
 targets alternate A B C A B C; best of the repetitions by decisions per
 server CPU-second, with the app's own CPU per decision beside it.
 
-Usage: benches/app.py [--seconds 4] [--reps 3] [--tasks 16,64,256]
+Usage: benches/app.py [--seconds 4] [--reps 3] [--tasks 16,64,256] [--smoke]
 Installs redis-server if missing, builds what it runs, stops what it starts.
 """
 
@@ -53,6 +53,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=4)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--tasks", default="16,64,256")
+    ap.add_argument("--smoke", action="store_true",
+                    help="CI: fail unless every run decided something and left nothing undecided")
     args = ap.parse_args()
     ensure_redis()
     ensure_binary()
@@ -83,6 +85,12 @@ def main():
                           file=sys.stderr)
             rows.append((tasks, {n: max(rs, key=lambda r: r["per_cpu_s"]) for n, rs in runs.items()},
                          runs))
+    if args.smoke:
+        failed = [f"{tasks} tasks, {name}: {r['decisions']} decided, {r['undecided']} undecided"
+                  for tasks, _, runs in rows for name, rs in runs.items() for r in rs
+                  if r["decisions"] == 0 or r["undecided"] > 0]
+        if failed:
+            sys.exit("app bench smoke failed: " + "; ".join(failed))
     print(f"`benches/app.py --seconds {args.seconds:g} --reps {args.reps} --tasks {args.tasks}`\n")
     print("| tasks | client | decisions/s | per server CPU-s (runs) | ÷ redis-rs | server core "
           "| app µs CPU per decision | p50 µs | p99 µs | undecided |")
