@@ -75,16 +75,10 @@ async fn decisions_come_from_sluice() {
     assert_eq!(both, [true, false], "in order: the first spends all 3");
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn batching_sends_concurrent_checks_together_and_exactly() {
-    let node = start(config()).await;
-    // Batching is the default: no `.batching(..)` here.
-    let client = Client::builder([node.node.grpc_addr.to_string()])
-        .deadline(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    let check = per_minute("batched", 100);
-    let tasks: Vec<_> = (0..300)
+/// `n` copies of `check` at once through `client`: how many were admitted,
+/// and how many `Check` calls carried them. Every one is Sluice's answer.
+async fn concurrently(client: &Client, check: &Check, n: usize) -> (usize, u64) {
+    let tasks: Vec<_> = (0..n)
         .map(|_| {
             let (client, check) = (client.clone(), check.clone());
             tokio::spawn(async move { client.check(&check).await.unwrap() })
@@ -100,31 +94,24 @@ async fn batching_sends_concurrent_checks_together_and_exactly() {
         .stats()
         .calls
         .load(std::sync::atomic::Ordering::Relaxed);
+    (allowed, calls)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn batching_sends_concurrent_checks_together_and_exactly() {
+    let node = start(config()).await;
+    let builder =
+        || Client::builder([node.node.grpc_addr.to_string()]).deadline(Duration::from_secs(5));
+    // Batching is the default: no `.batching(..)` here.
+    let client = builder().build().unwrap();
+    let (allowed, calls) = concurrently(&client, &per_minute("batched", 100), 300).await;
     println!("300 concurrent checks in {calls} Check calls");
     assert_eq!(allowed, 100, "exactly the limit");
     assert!(calls < 300, "batched: {calls} calls for 300 checks");
 
     // `.batching(0)`: one call per check, however many are in flight.
-    let single = Client::builder([node.node.grpc_addr.to_string()])
-        .deadline(Duration::from_secs(5))
-        .batching(0)
-        .build()
-        .unwrap();
-    let check = per_minute("unbatched", 10);
-    let tasks: Vec<_> = (0..30)
-        .map(|_| {
-            let (single, check) = (single.clone(), check.clone());
-            tokio::spawn(async move { single.check(&check).await.unwrap() })
-        })
-        .collect();
-    let mut allowed = 0;
-    for t in tasks {
-        allowed += usize::from(t.await.unwrap().allowed);
-    }
-    let calls = single
-        .stats()
-        .calls
-        .load(std::sync::atomic::Ordering::Relaxed);
+    let single = builder().batching(0).build().unwrap();
+    let (allowed, calls) = concurrently(&single, &per_minute("unbatched", 10), 30).await;
     assert_eq!(allowed, 10, "exactly the limit");
     assert_eq!(calls, 30, "one call per check");
 }
