@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{config, start};
-use sluice_client::{Check, Client, LocalLimits, OnUnavailable, Source};
+use sluice_client::{Check, Client, Decision, Limit, LocalLimits, OnUnavailable, Source};
 
 /// A loopback address nothing listens on.
 fn dead_addr() -> String {
@@ -75,26 +75,49 @@ async fn decisions_come_from_sluice() {
     assert_eq!(both, [true, false], "in order: the first spends all 3");
 }
 
-/// `n` copies of `check` at once through `client`: how many were admitted,
-/// and how many `Check` calls carried them. Every one is Sluice's answer.
-async fn concurrently(client: &Client, check: &Check, n: usize) -> (usize, u64) {
-    let tasks: Vec<_> = (0..n)
-        .map(|_| {
+/// `checks` all at once through `client`: the decisions, in order, and how
+/// many `Check` calls the client has made so far.
+async fn concurrently(client: &Client, checks: &[Check]) -> (Vec<Decision>, u64) {
+    let tasks: Vec<_> = checks
+        .iter()
+        .map(|check| {
             let (client, check) = (client.clone(), check.clone());
             tokio::spawn(async move { client.check(&check).await.unwrap() })
         })
         .collect();
-    let mut allowed = 0;
+    let mut decisions = Vec::new();
     for t in tasks {
-        let d = t.await.unwrap();
-        assert!(matches!(d.source, Source::Sluice { .. }), "{d:?}");
-        allowed += usize::from(d.allowed);
+        decisions.push(t.await.unwrap());
     }
     let calls = client
         .stats()
         .calls
         .load(std::sync::atomic::Ordering::Relaxed);
-    (allowed, calls)
+    (decisions, calls)
+}
+
+/// 300 checks over three keys of limits 40, 41 and 42 (each key 100 times).
+fn three_keys(name: &str) -> Vec<Check> {
+    (0..300)
+        .map(|i| per_minute(&format!("{name}-{}", i % 3), 40 + i % 3))
+        .collect()
+}
+
+/// Each key admitted exactly its limit, and every answer is its own
+/// check's (the limit it names is the one that check asked for).
+fn exact_per_key(checks: &[Check], decisions: &[Decision]) {
+    let mut allowed = std::collections::BTreeMap::new();
+    for (c, d) in checks.iter().zip(decisions) {
+        assert!(matches!(d.source, Source::Sluice { .. }), "{d:?}");
+        let Limit::Inline { limit, .. } = c.limit else {
+            unreachable!("inline checks")
+        };
+        assert_eq!(d.limit, limit, "{}: another check's answer: {d:?}", c.key);
+        *allowed.entry((c.key.clone(), limit)).or_insert(0) += u64::from(d.allowed);
+    }
+    for ((key, limit), allowed) in allowed {
+        assert_eq!(allowed, limit, "{key}: exactly its limit");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -104,16 +127,53 @@ async fn batching_sends_concurrent_checks_together_and_exactly() {
         || Client::builder([node.node.grpc_addr.to_string()]).deadline(Duration::from_secs(5));
     // Batching is the default: no `.batching(..)` here.
     let client = builder().build().unwrap();
-    let (allowed, calls) = concurrently(&client, &per_minute("batched", 100), 300).await;
+    let checks = three_keys("batched");
+    let (decisions, calls) = concurrently(&client, &checks).await;
     println!("300 concurrent checks in {calls} Check calls");
-    assert_eq!(allowed, 100, "exactly the limit");
+    exact_per_key(&checks, &decisions);
     assert!(calls < 300, "batched: {calls} calls for 300 checks");
 
     // `.batching(0)`: one call per check, however many are in flight.
     let single = builder().batching(0).build().unwrap();
-    let (allowed, calls) = concurrently(&single, &per_minute("unbatched", 10), 30).await;
-    assert_eq!(allowed, 10, "exactly the limit");
-    assert_eq!(calls, 30, "one call per check");
+    let checks = three_keys("unbatched");
+    let (decisions, calls) = concurrently(&single, &checks).await;
+    exact_per_key(&checks, &decisions);
+    assert_eq!(calls, 300, "one call per check");
+}
+
+/// A node taking fewer items per call than the client batches refuses the
+/// larger calls and says its maximum; the client sends no more than that
+/// from then on, so its checks are decided again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batching_client_learns_the_node_s_max_batch() {
+    let mut c = config();
+    c.limits.max_batch = 10;
+    let node = start(c).await;
+    let client = Client::builder([node.node.grpc_addr.to_string()])
+        .deadline(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let mut rounds = Vec::new();
+    for round in 0..5 {
+        let checks: Vec<Check> = (0..200)
+            .map(|i| per_minute(&format!("r{round}-{i}"), 1_000))
+            .collect();
+        let (decisions, _) = concurrently(&client, &checks).await;
+        let refused = decisions
+            .iter()
+            .filter(|d| d.source == Source::Unavailable)
+            .count();
+        rounds.push(refused);
+        if refused == 0 {
+            break;
+        }
+    }
+    println!("checks refused as part of too-large calls, by round: {rounds:?}");
+    assert_eq!(
+        rounds.last(),
+        Some(&0),
+        "a round decided wholly by the node once it said its max: {rounds:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -39,7 +39,12 @@ impl RateLimiter for RateLimiterService {
         let budget = super::deadline::grpc_timeout(request.metadata());
         let mut requests = request.into_inner().requests;
         if let Err(e) = self.admission.batch("requests", requests.len()) {
-            return Err(Status::resource_exhausted(e.to_string()));
+            let mut status = Status::resource_exhausted(e.to_string());
+            status.metadata_mut().insert(
+                sluice_api::MAX_BATCH_METADATA,
+                tonic::metadata::MetadataValue::from(e.max as u64),
+            );
+            return Err(status);
         }
         let Ok(_admitted) = self.admission.admit() else {
             // Saturated: answer at once with a typed reason instead of

@@ -11,5 +11,11 @@ pub mod v1 {
     tonic::include_proto!("sluice.v1");
 }
 
+/// Response metadata on a `Check` call refused as too large
+/// (`RESOURCE_EXHAUSTED`, more items than the node's `limits.max_batch`):
+/// the most items the node takes per call, so a batching client can send
+/// that many from then on instead of guessing.
+pub const MAX_BATCH_METADATA: &str = "sluice-max-batch";
+
 /// The encoded descriptors of the `sluice.v1` protos, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("sluice_api_descriptor");

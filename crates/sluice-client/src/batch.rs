@@ -15,8 +15,9 @@
 //!   instead of holding it and, with every slot held, leaving every later
 //!   check unsent until its deadline;
 //! - a node that refuses a call as too large (`limits.max_batch` below the
-//!   client's batch) halves what later calls carry; that call's checks go
-//!   to `on_unavailable`, as a failed call's do.
+//!   client's batch) says how many it takes, and later calls carry no
+//!   more; that call's checks go to `on_unavailable`, as a failed call's
+//!   do. A refusal that does not say (a proxy's) changes nothing.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -110,11 +111,20 @@ async fn send(
                 }
             }
         }
-        Ok(Err(status)) if status.code() == tonic::Code::ResourceExhausted && n > 1 => {
-            size.fetch_min(n / 2, Ordering::Relaxed);
+        Ok(Err(status)) if status.code() == tonic::Code::ResourceExhausted => {
+            if let Some(most) = node_max_batch(&status) {
+                size.fetch_min(most, Ordering::Relaxed);
+            }
         }
         _ => {}
     }
+}
+
+/// The most items per call a node said it takes, when it said so.
+fn node_max_batch(status: &tonic::Status) -> Option<usize> {
+    let value = status.metadata().get(sluice_api::MAX_BATCH_METADATA)?;
+    let most: usize = value.to_str().ok()?.parse().ok()?;
+    (most > 0).then_some(most)
 }
 
 #[cfg(test)]
@@ -160,5 +170,21 @@ mod tests {
         let (gone, wait_gone) = queued("g");
         drop(wait_gone);
         assert!(fill(gone, &mut rx, 10).is_empty());
+    }
+
+    #[test]
+    fn only_a_node_that_says_its_max_batch_changes_the_batch_size() {
+        let said = |value: &str| {
+            let mut status = tonic::Status::resource_exhausted("requests: too many");
+            status
+                .metadata_mut()
+                .insert(sluice_api::MAX_BATCH_METADATA, value.parse().unwrap());
+            node_max_batch(&status)
+        };
+        assert_eq!(said("10"), Some(10));
+        assert_eq!(said("0"), None, "a batch of none is no batch size");
+        assert_eq!(said("ten"), None);
+        let proxy = tonic::Status::resource_exhausted("quota");
+        assert_eq!(node_max_batch(&proxy), None);
     }
 }
