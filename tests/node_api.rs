@@ -302,3 +302,39 @@ async fn oversized_calls_are_refused_and_the_node_keeps_serving() {
     }
     assert!(under(&n.check(inline("m", "k", 10, 60_000)).await));
 }
+
+/// `POST /v1/check` names the limit in its quota headers: an inline limit
+/// by the request's `name`, a policy by the policy's.
+#[tokio::test]
+async fn http_quota_headers_name_the_request_or_its_policy() {
+    let mut cfg = config();
+    cfg.policies.insert(
+        "per_user".into(),
+        PolicyConfig {
+            limit: 5,
+            duration: Some("60s".into()),
+            ..Default::default()
+        },
+    );
+    let n = start(cfg).await;
+    let url = format!("http://{}/v1/check", n.node.http_addr);
+    let bodies = [
+        (
+            r#"{"name":"api","unique_key":"k","limit":10,"duration_ms":60000}"#,
+            "\"api\";q=10;w=60",
+        ),
+        (
+            r#"{"name":"login","unique_key":"k","policy":"per_user"}"#,
+            "\"per_user\";q=5;w=60",
+        ),
+    ];
+    for (body, expected) in bodies {
+        let (status, headers, text) = common::http_post(&url, body).await;
+        assert_eq!(status, 200, "{body}: {text}");
+        assert_eq!(
+            headers.get("ratelimit-policy").map(String::as_str),
+            Some(expected),
+            "{body}: {headers:?}"
+        );
+    }
+}

@@ -74,7 +74,7 @@ impl Limiter {
     /// No decision: `UNAVAILABLE` for `reason` (never `OVER_LIMIT`),
     /// nothing consumed.
     pub(super) fn unavailable(&self, r: &Resolved<'_>, reason: Reason) -> Verdict {
-        self.shared.metrics.decisions.count(&r.label, reason);
+        self.shared.metrics.decisions.count(r.label(), reason);
         Verdict {
             status: reason.status(),
             reason,

@@ -170,9 +170,17 @@ struct Resolved<'a> {
     spec: Spec,
     shadow: bool,
     fallback: OnOwnerUnreachable,
-    label: Arc<str>,
+    /// A policy's or rule's name; `None`: the check's own (inline).
+    label: Option<Arc<str>>,
     /// Tiered mode (hot keys): allotments at the edges.
     tiered: bool,
+}
+
+impl Resolved<'_> {
+    /// The name decisions are counted under.
+    fn label(&self) -> &str {
+        self.label.as_deref().unwrap_or(&self.check.name)
+    }
 }
 
 impl Limiter {
@@ -396,7 +404,7 @@ impl Limiter {
                 *spec,
                 false,
                 OnOwnerUnreachable::default(),
-                Arc::from(check.name.as_str()),
+                None,
                 Mode::default(),
             ),
             LimitRef::Rule(rule) => match rule.spec {
@@ -404,7 +412,7 @@ impl Limiter {
                     spec,
                     rule.shadow,
                     rule.on_owner_unreachable,
-                    rule.label.clone(),
+                    Some(rule.label.clone()),
                     Mode::default(),
                 ),
                 None => {
@@ -421,7 +429,13 @@ impl Limiter {
                     name,
                     on_owner_unreachable,
                     mode,
-                }) => (*spec, *shadow, *on_owner_unreachable, name.clone(), *mode),
+                }) => (
+                    *spec,
+                    *shadow,
+                    *on_owner_unreachable,
+                    Some(name.clone()),
+                    *mode,
+                ),
                 None => return Err(ItemError::new("policy", format!("unknown policy {name:?}"))),
             },
         };
@@ -450,7 +464,7 @@ impl Limiter {
             algorithm::Outcome::LimitExceeded => Reason::LimitExceeded,
             algorithm::Outcome::CostExceedsCapacity => Reason::CostExceedsCapacity,
         };
-        self.shared.metrics.decisions.count(&r.label, reason);
+        self.shared.metrics.decisions.count(r.label(), reason);
         Verdict {
             status: reason.status(),
             reason,

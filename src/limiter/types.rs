@@ -64,8 +64,10 @@ pub struct Verdict {
     /// Decided on a lease rather than by the owner.
     pub approximate: bool,
     pub owner: Arc<str>,
-    /// The limit's name (policy, rule or request name), for headers.
-    pub label: Arc<str>,
+    /// The limit's name for headers: a policy's or a rule's; `None` for an
+    /// inline limit, whose name is the request's own `name` (the caller has
+    /// it — not copied into every answer: an allocation per decision).
+    pub label: Option<Arc<str>>,
     /// The limit's period in ns (a calendar window: its nominal length).
     pub window: crate::algorithm::Nanos,
     /// Which path decided.

@@ -243,7 +243,8 @@ impl RateLimitService for RlsService {
         }
         if let (Some(families), Some((v, refusing))) = (self.headers, strictest) {
             let quota = Quota {
-                policy: &v.label,
+                // Envoy's limits are rules: each has its label.
+                policy: v.label.as_deref().unwrap_or_default(),
                 limit: v.decision.limit,
                 remaining: if v.status == Status::OverLimit || v.reason == Reason::Shadow {
                     0

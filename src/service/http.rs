@@ -218,6 +218,8 @@ async fn check(State(s): State<AppState>, body: axum::body::Body) -> axum::respo
             return invalid(e.field, e.to_string());
         }
     };
+    // An inline limit's verdict names no label: the request's name is it.
+    let name = check.name.clone();
     let verdict = match s.limiter.check(check).await {
         Ok(v) => v,
         Err(e) => return invalid(e.field, e.to_string()),
@@ -226,7 +228,7 @@ async fn check(State(s): State<AppState>, body: axum::body::Body) -> axum::respo
     let d = &verdict.decision;
     let mut head = HeaderMap::new();
     let quota = Quota {
-        policy: &verdict.label,
+        policy: verdict.label.as_deref().unwrap_or(&name),
         limit: d.limit,
         remaining: d.remaining,
         reset_in: Duration::from_nanos(d.reset_at.saturating_sub(now)),
