@@ -240,7 +240,7 @@ fn main() {
                 .get_multiplexed_async_connection()
                 .await
                 .map_err(|e| format!("--addr {}: {e}", args.addr))?;
-            let script = Arc::new(redis::Script::new(sluice::cli::bench::redis::SCRIPT));
+            let script = Arc::new(redis::Script::new(sluice::cli::REDIS_TOKEN_BUCKET_SCRIPT));
             run(Redis { conn, script }, &args).await
         } else {
             let mut builder = Client::builder([args.addr.clone()])

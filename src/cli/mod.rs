@@ -1,10 +1,14 @@
 //! The `sluice` command line: `serve`, `check`, `admin`.
 
 mod admin;
-pub mod bench;
+mod bench;
 mod check;
 mod cluster;
 mod serve;
+
+/// The token-bucket Lua script `sluice bench --target redis` runs: the
+/// design Sluice replaces, for `benches/app.rs` to run through redis-rs.
+pub use bench::redis::SCRIPT as REDIS_TOKEN_BUCKET_SCRIPT;
 
 use clap::{Parser, Subcommand};
 

@@ -19,7 +19,7 @@ use clap::Args;
 use hdrhistogram::Histogram;
 use tonic::transport::Channel;
 
-pub mod redis;
+pub(super) mod redis;
 
 use super::{CliResult, connect};
 use crate::proto::v1 as pb;
