@@ -453,11 +453,19 @@ impl Node {
             config.limits.sweep_interval,
             shutdown.clone(),
             move || {
-                let removed = sweeper.sweep();
-                if removed > 0 {
-                    tracing::debug!(removed, "swept idle keys");
+                // A sweep reads every key (tens of milliseconds at a
+                // million): on a blocking thread, so no runtime worker —
+                // and no call queued behind it — waits for it.
+                let sweeper = sweeper.clone();
+                async move {
+                    match tokio::task::spawn_blocking(move || sweeper.sweep()).await {
+                        Ok(removed) if removed > 0 => {
+                            tracing::debug!(removed, "swept idle keys")
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::error!(error = %e, "the sweep failed"),
+                    }
                 }
-                std::future::ready(())
             },
         ));
         if let Some(sources) = sources
