@@ -62,9 +62,11 @@ use crate::store::Store;
 use holdings::Holdings;
 use transfer::Incoming;
 
-/// Local decisions between yields to the runtime within one batch (~0.3 ms
-/// of work for new keys).
-const YIELD_EVERY: usize = 64;
+/// Local decisions between yields to the runtime within one batch: ~0.1 ms
+/// of work for new keys at the key cap (an eviction each). At 64 (~0.3 ms)
+/// a steady one-item caller beside a key flood waited p50 0.8 ms, p99 5–6
+/// ms; at 16, p50 0.5 ms, p99 4.4 ms, at the same flood throughput.
+const YIELD_EVERY: usize = 16;
 
 /// How the limiter behaves in a cluster.
 #[derive(Clone, Debug)]
