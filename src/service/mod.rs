@@ -13,6 +13,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod bulk;
 pub mod coalesce;
 pub mod deadline;
 pub mod envoy;
