@@ -13,6 +13,7 @@ Usage: benches/cluster.py [--seconds 10]   (needs target/release/sluice)
 import argparse
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -49,6 +50,40 @@ def metric_sum(text, name):
         if line.startswith(name + " ") or line.startswith(name + "{"):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def histogram(text, name):
+    """A histogram's cumulative bucket counts in /metrics `text`, {le: count},
+    summed over its label sets."""
+    buckets = {}
+    for line in text.splitlines():
+        if not line.startswith(name + "_bucket{"):
+            continue
+        le = re.search(r'le="([^"]+)"', line).group(1)
+        bound = float("inf") if le == "+Inf" else float(le)
+        buckets[bound] = buckets.get(bound, 0.0) + float(line.rsplit(" ", 1)[1])
+    return buckets
+
+
+def quantile(before, after, q):
+    """The `q` quantile of what a histogram counted between two reads, as
+    Prometheus's histogram_quantile estimates it (linear within the bucket
+    it falls in), and that bucket's bounds: (estimate, low, high); None if
+    nothing was counted."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1] if counts else 0.0
+    if total <= 0:
+        return None
+    rank, low, below = q * total, 0.0, 0.0
+    for bound, count in zip(bounds, counts):
+        if count >= rank:
+            if bound == float("inf"):
+                return (low, low, bound)
+            inside = count - below
+            return (low + (bound - low) * (rank - below) / max(inside, 1e-9), low, bound)
+        low, below = bound, count
+    return None
 
 
 class Cluster:
@@ -101,6 +136,15 @@ class Cluster:
 
     def cpu(self):
         return sum(cpu_seconds(p.pid) for p in self.procs)
+
+    def check_durations(self):
+        """`sluice_check_duration_seconds`, summed over the nodes: the time
+        each node took to answer its Check calls, from its own clock."""
+        total = {}
+        for http in self.http:
+            for bound, count in histogram(metrics(http), "sluice_check_duration_seconds").items():
+                total[bound] = total.get(bound, 0.0) + count
+        return total
 
     def stop(self):
         for p in self.procs:

@@ -31,7 +31,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster import BIN, Cluster, cpu_seconds, free_port  # noqa: E402
+from cluster import BIN, Cluster, cpu_seconds, free_port, quantile  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEYS = "10000"
@@ -118,6 +118,7 @@ def bench(target, server, seconds, extra, base=True):
     common = ["--keys", KEYS, *LIMIT] if base else []
     cmd = ["taskset", "-c", "1", BIN, "bench", "--json", "--duration", f"{seconds}s",
            *common, *addr, *extra]
+    durations = server.check_durations() if target != "redis" else None
     before, wall = server.cpu(), time.time()
     gen = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
@@ -129,6 +130,12 @@ def bench(target, server, seconds, extra, base=True):
     r["server_cpu_s"] = used
     r["server_core_share"] = used / max(r["seconds"], 1e-9)
     r["per_cpu_s"] = r["decisions"] / max(used, 1e-9)
+    if durations is not None:
+        # The server's own time per Check (handler in to handler out, its
+        # clock): beside the generator's figure when the generator's core is
+        # full and its latency is its own queue.
+        p99 = quantile(durations, server.check_durations(), 0.99)
+        r["server_check_p99_us"] = None if p99 is None else [round(v * 1e6) for v in p99]
     return r
 
 
@@ -248,12 +255,18 @@ def report(args, results, latency, accuracy, peak, redis_version, mem):
     print("(server / generator: each one's share of its core; ⚠ = the generator's core was full, so "
           "the latency is the generator's queue, not the server's)")
     print()
-    print("| offered | Sluice p50 | p99 | p99.9 | server / generator | Redis p50 | p99 | p99.9 | server / generator |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("(Sluice's own p99: its `sluice_check_duration_seconds` over the run, handler in to "
+          "handler out, estimated within its bucket, with the bucket's bounds)")
+    print()
+    print("| offered | Sluice p50 | p99 | p99.9 | Sluice's own p99 | server / generator "
+          "| Redis p50 | p99 | p99.9 | server / generator |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for share in (0.1, 0.25, 0.5, 0.75):
         ra, rb = latency[(share, "sluice")], latency[(share, "redis")]
         a, b = ra["latency_us"], rb["latency_us"]
-        print(f"| {share:.0%} ({peak * share:,.0f}/s) | {a['p50']} | {a['p99']} | {a['p999']} "
+        own = ra.get("server_check_p99_us")
+        own = f"{own[0]} ({own[1]}–{own[2]})" if own else "–"
+        print(f"| {share:.0%} ({peak * share:,.0f}/s) | {a['p50']} | {a['p99']} | {a['p999']} | {own} "
               f"| {ra['server_core_share']:.0%} / {ra['generator_core_share']:.0%}{gen_flag(ra)} "
               f"| {b['p50']} | {b['p99']} | {b['p999']} "
               f"| {rb['server_core_share']:.0%} / {rb['generator_core_share']:.0%}{gen_flag(rb)} |")

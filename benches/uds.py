@@ -29,6 +29,9 @@ class Via:
     def cpu(self):
         return self.server.cpu()
 
+    def check_durations(self):
+        return self.server.check_durations()
+
 
 def main():
     ap = argparse.ArgumentParser()

@@ -156,6 +156,10 @@ struct Run {
     tally: Tally,
     /// Latency in microseconds. A std Mutex: held only to record a value.
     latency: Mutex<Histogram<u64>>,
+    /// Open loop: how late each call's task started after its intended
+    /// start, in microseconds — the generator's own delay, before any
+    /// network or server. When it is large, the latency is the generator's.
+    late: Mutex<Histogram<u64>>,
     algorithm: i32,
 }
 
@@ -187,6 +191,14 @@ impl Run {
             })
             .collect();
         pb::CheckRequest { requests }
+    }
+
+    /// Record how late a scheduled call's task started.
+    fn record_late(&self, intended: Instant) {
+        let micros = intended.elapsed().as_micros() as u64;
+        if let Ok(mut h) = self.late.lock() {
+            let _ = h.record(micros.max(1));
+        }
     }
 
     /// One call; latency from `intended` (the schedule's start time).
@@ -303,6 +315,7 @@ pub async fn run(args: BenchArgs) -> CliResult {
         target,
         tally: Tally::default(),
         latency: Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 3)?),
+        late: Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 3)?),
         algorithm,
         args,
     });
@@ -340,7 +353,11 @@ async fn closed_loop(run: &Arc<Run>, end: Instant) {
 async fn open_loop(run: &Arc<Run>, rate: f64, started: Instant, end: Instant) {
     // The schedule runs on its own OS thread with std's sleep (microsecond
     // precision): tokio's timer ticks in milliseconds and would release
-    // calls in bursts, adding its own lateness to every latency.
+    // calls in bursts, adding its own lateness to every latency. A schedule
+    // that spun on the runtime instead (yielding while the next call was
+    // under 2 ms away) was tried and measured worse: it kept the runtime's
+    // one worker from parking on the I/O driver, so responses were read
+    // late (benches/README.md, "A cheaper generator").
     let interval = Duration::from_secs_f64(1.0 / rate.max(1e-3));
     let in_flight = Arc::new(tokio::sync::Semaphore::new(run.args.concurrency.max(1)));
     let runtime = tokio::runtime::Handle::current();
@@ -358,6 +375,7 @@ async fn open_loop(run: &Arc<Run>, rate: f64, started: Instant, end: Instant) {
             }
             let (run, in_flight, done) = (run.clone(), in_flight.clone(), done_tx.clone());
             runtime.spawn(async move {
+                run.record_late(intended);
                 // Waiting for a permit delays the call but not its intended
                 // start, so the wait counts in its latency.
                 if let Ok(_permit) = in_flight.acquire_owned().await {
@@ -409,6 +427,8 @@ fn report(run: &Run, took: Duration) {
     let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let h = run.latency.lock().map(|h| h.clone()).ok();
     let q = |p: f64| h.as_ref().map_or(0, |h| h.value_at_quantile(p));
+    let late = run.late.lock().map(|h| h.clone()).ok();
+    let late_q = |p: f64| late.as_ref().map_or(0, |h| h.value_at_quantile(p));
     let secs = took.as_secs_f64().max(1e-9);
     let summary = serde_json::json!({
         "target": run.args.target,
@@ -433,6 +453,8 @@ fn report(run: &Run, took: Duration) {
             "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "p999": q(0.999),
             "max": h.as_ref().map_or(0, |h| h.max()),
         },
+        // Open loop: the generator's own delay in starting each call.
+        "late_us": { "p50": late_q(0.5), "p99": late_q(0.99), "p999": late_q(0.999) },
     });
     if run.args.json {
         println!("{summary}");
@@ -467,4 +489,12 @@ fn report(run: &Run, took: Duration) {
         q(0.999),
         h.as_ref().map_or(0, |h| h.max())
     );
+    if run.args.rate.is_some() {
+        println!(
+            "the generator's own delay in starting a call, µs: p50 {}  p99 {}  p99.9 {}",
+            late_q(0.5),
+            late_q(0.99),
+            late_q(0.999)
+        );
+    }
 }
