@@ -311,47 +311,51 @@ impl Steady {
         let thread = {
             let done = done.clone();
             let url = format!("http://{grpc}");
-            std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                rt.block_on(async move {
-                    let mut client = RateLimiterClient::new(connect(url).await.unwrap());
-                    let first = client.check(steady_check(STEADY_FIRST)).await.unwrap();
-                    assert!(under(&first.get_ref().responses[0]));
-                    let _ = started_tx.send(());
-                    let (mut latencies, mut shed) = (Vec::new(), 0u64);
-                    // One check every 5 ms on a fixed schedule, each timed
-                    // from its *intended* start (start + n × 5 ms), as
-                    // `sluice bench` does: a check that stalls delays the
-                    // ones after it, and timing those from when they finally
-                    // went out (or skipping the missed slots) would hide the
-                    // stall — the checks that should have been sent during
-                    // it would never be timed. Late slots are not skipped:
-                    // their checks go at once, and their latency includes
-                    // how late they started. std's sleep (microseconds; this
-                    // thread has nothing else to run) keeps tokio's
-                    // millisecond timer out of the figure.
-                    let (schedule, period) = (Instant::now(), Duration::from_millis(5));
-                    for n in 0u32.. {
-                        if done.load(Ordering::Relaxed) {
-                            break;
+            // Named, so a scheduler trace (`perf sched`) can tell it apart.
+            std::thread::Builder::new()
+                .name("steady".into())
+                .spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    rt.block_on(async move {
+                        let mut client = RateLimiterClient::new(connect(url).await.unwrap());
+                        let first = client.check(steady_check(STEADY_FIRST)).await.unwrap();
+                        assert!(under(&first.get_ref().responses[0]));
+                        let _ = started_tx.send(());
+                        let (mut latencies, mut shed) = (Vec::new(), 0u64);
+                        // One check every 5 ms on a fixed schedule, each timed
+                        // from its *intended* start (start + n × 5 ms), as
+                        // `sluice bench` does: a check that stalls delays the
+                        // ones after it, and timing those from when they finally
+                        // went out (or skipping the missed slots) would hide the
+                        // stall — the checks that should have been sent during
+                        // it would never be timed. Late slots are not skipped:
+                        // their checks go at once, and their latency includes
+                        // how late they started. std's sleep (microseconds; this
+                        // thread has nothing else to run) keeps tokio's
+                        // millisecond timer out of the figure.
+                        let (schedule, period) = (Instant::now(), Duration::from_millis(5));
+                        for n in 0u32.. {
+                            if done.load(Ordering::Relaxed) {
+                                break;
+                            }
+                            let intended = schedule + period * n;
+                            if let Some(wait) = intended.checked_duration_since(Instant::now()) {
+                                std::thread::sleep(wait);
+                            }
+                            let r = client.check(steady_check(STEADY_HITS)).await;
+                            latencies.push(intended.elapsed());
+                            match r {
+                                Ok(r) if under(&r.get_ref().responses[0]) => {}
+                                _ => shed += 1,
+                            }
                         }
-                        let intended = schedule + period * n;
-                        if let Some(wait) = intended.checked_duration_since(Instant::now()) {
-                            std::thread::sleep(wait);
-                        }
-                        let r = client.check(steady_check(STEADY_HITS)).await;
-                        latencies.push(intended.elapsed());
-                        match r {
-                            Ok(r) if under(&r.get_ref().responses[0]) => {}
-                            _ => shed += 1,
-                        }
-                    }
-                    (latencies, shed)
+                        (latencies, shed)
+                    })
                 })
-            })
+                .expect("the steady thread starts")
         };
         tokio::task::spawn_blocking(move || started_rx.recv_timeout(Duration::from_secs(20)))
             .await
