@@ -24,6 +24,12 @@ use crate::metrics::Metrics;
 pub struct Admission {
     permits: Arc<Semaphore>,
     max_in_flight: usize,
+    /// Places on the bulk lane (`bulk.rs`), a share of the calls in
+    /// progress: its threads run at the lowest priority, so a lane starved
+    /// by small calls must not hold every permit and have small calls
+    /// refused too.
+    bulk: Arc<Semaphore>,
+    max_bulk: usize,
     max_batch: usize,
     metrics: Arc<Metrics>,
 }
@@ -65,9 +71,12 @@ pub struct Overloaded {
 impl Admission {
     pub fn new(limits: &Limits, metrics: Arc<Metrics>) -> Admission {
         let max_in_flight = limits.max_in_flight_checks.max(1);
+        let max_bulk = super::bulk::MAX_JOBS.min(max_in_flight);
         Admission {
             permits: Arc::new(Semaphore::new(max_in_flight)),
             max_in_flight,
+            bulk: Arc::new(Semaphore::new(max_bulk)),
+            max_bulk,
             max_batch: limits.max_batch,
             metrics,
         }
@@ -108,6 +117,17 @@ impl Admission {
                 })
             }
         }
+    }
+
+    /// A place on the bulk lane for a call already admitted, or the
+    /// refusal, counted in `sluice_overloaded_checks_total` and as
+    /// `sluice_resource_exhausted_total{resource="bulk_lane"}`.
+    pub fn admit_bulk(&self) -> Result<OwnedSemaphorePermit, Overloaded> {
+        self.bulk.clone().try_acquire_owned().map_err(|_| {
+            self.metrics.overloaded.inc();
+            self.metrics.resources.exhausted("bulk_lane");
+            Overloaded { max: self.max_bulk }
+        })
     }
 }
 
@@ -155,6 +175,25 @@ mod tests {
         drop((second, third));
         assert_eq!(m.in_flight.get(), 0);
         assert_eq!(m.overloaded.get(), 1);
+    }
+
+    #[test]
+    fn the_bulk_lane_holds_a_bounded_share_of_the_calls() {
+        let (a, m) = admission(1_000, 10);
+        let places: Vec<_> = (0..super::super::bulk::MAX_JOBS)
+            .map(|_| a.admit_bulk().unwrap())
+            .collect();
+        assert!(a.admit_bulk().is_err());
+        assert_eq!(m.resources.exhausted_count("bulk_lane"), 1);
+        assert_eq!(m.overloaded.get(), 1);
+        // Small calls are still admitted while the lane is full.
+        assert!(a.admit().is_ok());
+        drop(places);
+        assert!(a.admit_bulk().is_ok());
+        // Never more places than calls in progress.
+        let (small, _) = admission(2, 10);
+        let _places = (small.admit_bulk().unwrap(), small.admit_bulk().unwrap());
+        assert_eq!(small.admit_bulk().err(), Some(Overloaded { max: 2 }));
     }
 
     #[test]

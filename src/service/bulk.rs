@@ -7,32 +7,50 @@
 //! let only one other task run between its slices, so a steady one-item
 //! caller beside a key flood waited behind the flood's slices at each of its
 //! hops (read, decide, write). Why not tokio's blocking pool: its threads
-//! also run the sweep, file reads and name lookups, and a thread's priority
-//! cannot be raised back without privilege once lowered.
+//! also run the sweep, file reads and name lookups, a thread's priority
+//! cannot be raised back without privilege once lowered, and a blocking
+//! thread would sit idle through a batch's forwards.
 //!
-//! The future still runs on the caller's runtime (`Handle::block_on`): the
-//! same clock, timers and connections as on a worker. Only the OS thread
-//! differs: it runs under `SCHED_IDLE`, so a worker woken by a small call
-//! preempts it at once and the batch takes every cycle the node's other
-//! threads leave. Measured beside a 10M-key flood (`tests/key_flood.rs`),
-//! the steady caller's p99 was 4–5 ms with the lane at nice +10 — the
-//! kernel lets a running thread finish its slice before a woken one of
-//! higher weight runs — and 1.9–2.6 ms under `SCHED_IDLE`.
+//! The pool is an executor (`futures`' thread pool), not threads blocked in
+//! `block_on`: a batch waiting on a forward or a pull parks, and its thread
+//! decides another batch meanwhile, so one slow peer holds no thread. Each
+//! poll enters the caller's runtime (`Handle::enter`), so the batch has the
+//! same clock, timers and connections as on a worker; the runtime's driver
+//! wakes it, and the pool polls it again.
 //!
-//! Why that cannot starve the batch in a deployment: the kernel schedules
-//! `SCHED_IDLE` threads against the other threads of their own cgroup (a
-//! container, a pod, a systemd service), so the batch waits only for
-//! Sluice's own workers, never for a neighbour's load; and a caller's
-//! deadline still bounds what it waits. Where `SCHED_IDLE` is refused (a
-//! seccomp profile), the thread falls back to nice +10.
+//! The threads run under `SCHED_IDLE`, the lowest weight the kernel has
+//! (a nice-0 thread weighs ~340 times more), and a worker woken by a small
+//! call preempts them at once. Measured beside a 10M-key flood
+//! (`tests/key_flood.rs`), the steady caller's p99 was 4–5 ms with the lane
+//! at nice +10 — the kernel lets a running thread finish its slice before a
+//! woken one of higher weight runs — and 1.8–3.3 ms under `SCHED_IDLE`.
+//!
+//! What that costs: the lane gets the cycles the node's small calls leave.
+//! Under the cgroup CPU controller (a container or a pod; a systemd service
+//! with `CPUWeight=` or `CPUQuota=`) it competes only within Sluice's group,
+//! whose share of the host is set by the group's weight; without it (a bare
+//! process on a busy host) with every thread of the host. A starved lane
+//! could hold calls in progress for long — a started job runs to its end,
+//! past its caller's deadline — so admission gives the lane at most
+//! `MAX_JOBS` of the node's calls (`Admission::admit_bulk`): beyond that a
+//! large call is answered "overloaded" at once, and small calls keep their
+//! places. Where `SCHED_IDLE` is refused (a seccomp profile) the threads
+//! fall back to nice +10; where the pool cannot start, large calls are
+//! decided on the runtime as before.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::sync::mpsc::{Receiver, Sender};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::pin::Pin;
+use std::sync::OnceLock;
+use std::task::{Context, Poll};
 
-/// A call's work, ready to run on a pool thread.
-type Job = Box<dyn FnOnce() + Send>;
+use futures::executor::ThreadPool;
+
+/// Jobs the lane holds at once, per node: eight per pool thread on a
+/// two-core machine. Enough to keep the threads busy while batches wait on
+/// peers; few enough that a starved lane holds a small share of a node's
+/// calls in progress.
+pub const MAX_JOBS: usize = 16;
 
 /// The niceness of the pool's threads where `SCHED_IDLE` is refused:
 /// lower priority than the workers' (0), never a higher one.
@@ -40,54 +58,72 @@ const NICE: libc::c_int = 10;
 
 /// Run `work` on the bulk lane; its output, or `None` if it panicked.
 ///
-/// The queue is unbounded here because its bound is admission's: each
-/// admitted call queues at most one job. A caller that goes away before its
-/// job starts cancels it; once started, the batch is decided to its end:
-/// all of it or none, never half.
+/// The lane's queue has the bound of whatever `work` holds: the caller moves
+/// its admission permits into it (`Admission::admit_bulk`), so a job holds
+/// its place until it ends or is dropped, however early the caller goes
+/// away. A caller gone before
+/// its job's first poll cancels it (nobody would see the answer); once
+/// started, a job runs to its end whether or not the caller waits.
 pub async fn run<F, T>(work: F) -> Option<T>
 where
     F: Future<Output = T> + Send + 'static,
     T: Send + 'static,
 {
-    let runtime = tokio::runtime::Handle::current();
+    let Some(pool) = pool() else {
+        return Some(work.await);
+    };
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let job: Job = Box::new(move || {
-        // A caller gone before its job started (its deadline passed while
-        // the job queued) is not decided at all: nobody would see it.
-        if !tx.is_closed() {
-            let _ = tx.send(runtime.block_on(work));
-        }
+    pool.spawn_ok(OnRuntime {
+        runtime: tokio::runtime::Handle::current(),
+        work: Box::pin(async move {
+            if !tx.is_closed() {
+                let _ = tx.send(work.await);
+            }
+        }),
     });
-    pool().send(job).ok()?;
     rx.await.ok()
 }
 
-/// The process's pool: one thread per core, started on first use. A
-/// process-wide pool (as tokio's blocking pool is) rather than one per
-/// server: nodes in one process (tests) share the cores anyway.
-fn pool() -> &'static Sender<Job> {
-    static POOL: OnceLock<Sender<Job>> = OnceLock::new();
-    POOL.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel::<Job>();
-        let rx = Arc::new(Mutex::new(rx));
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        for _ in 0..threads {
-            let rx = rx.clone();
-            let started = std::thread::Builder::new()
-                .name("sluice-bulk".into())
-                .spawn(move || serve(&rx));
-            if let Err(e) = started {
-                tracing::error!(error = %e, "cannot start a bulk-lane thread");
-            }
-        }
-        tx
-    })
+/// A job: polled with its caller's runtime entered. A panic ends it (its
+/// sender dropped with it: the caller sees `None`) and not the pool's
+/// thread, which `futures`' pool would otherwise lose for good.
+struct OnRuntime {
+    runtime: tokio::runtime::Handle,
+    work: Pin<Box<dyn Future<Output = ()> + Send>>,
 }
 
-/// A pool thread: lower its own priority, then run jobs until the process
-/// ends. A job that panics answers nobody (its caller sees `None`) and the
-/// thread goes on.
-fn serve(jobs: &Mutex<Receiver<Job>>) {
+impl Future for OnRuntime {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = &mut *self;
+        let _entered = this.runtime.enter();
+        std::panic::catch_unwind(AssertUnwindSafe(|| this.work.as_mut().poll(cx)))
+            .unwrap_or(Poll::Ready(()))
+    }
+}
+
+/// The process's pool: one thread per core, started on first use; `None`
+/// if it could not start. Process-wide (as tokio's blocking pool is)
+/// rather than one per server: nodes in one process (tests) share the
+/// cores anyway, and each job carries its own runtime.
+fn pool() -> Option<&'static ThreadPool> {
+    static POOL: OnceLock<Option<ThreadPool>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        ThreadPool::builder()
+            .pool_size(threads)
+            .name_prefix("sluice-bulk-")
+            .after_start(|_| lower_priority())
+            .create()
+            .inspect_err(|e| tracing::error!(error = %e, "the bulk lane cannot start"))
+            .ok()
+    })
+    .as_ref()
+}
+
+/// Put the calling thread under `SCHED_IDLE`, or at nice +10 if refused.
+fn lower_priority() {
     // On Linux a thread's policy and nice value are its own: pid 0 and
     // `who` 0 are this thread.
     let param = libc::sched_param { sched_priority: 0 };
@@ -97,44 +133,63 @@ fn serve(jobs: &Mutex<Receiver<Job>>) {
     if !idle && unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, NICE) } != 0 {
         tracing::warn!("the bulk lane runs at the workers' priority: both priority calls failed");
     }
-    loop {
-        // The lock is held while waiting, so one idle thread waits on the
-        // queue and the others on the lock; it is released before the job.
-        let job = match jobs.lock() {
-            Ok(rx) => rx.recv(),
-            Err(poisoned) => poisoned.into_inner().recv(),
-        };
-        let Ok(job) = job else { return };
-        let _ = std::panic::catch_unwind(AssertUnwindSafe(job));
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    /// The job's thread: its name, policy and nice value, and whether it
+    /// sees the caller's runtime.
+    fn where_am_i() -> (Option<String>, libc::c_int, libc::c_int, bool) {
+        // SAFETY: both read only their integer arguments.
+        let policy = unsafe { libc::sched_getscheduler(0) };
+        let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+        let name = std::thread::current().name().map(str::to_owned);
+        (
+            name,
+            policy,
+            nice,
+            tokio::runtime::Handle::try_current().is_ok(),
+        )
+    }
 
     #[tokio::test]
     async fn a_job_runs_on_a_lower_priority_thread_of_the_callers_runtime() {
-        let (name, policy, nice, in_runtime) = run(async {
-            // SAFETY: both read only their integer arguments.
-            let policy = unsafe { libc::sched_getscheduler(0) };
-            let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
-            let name = std::thread::current().name().map(str::to_owned);
-            (
-                name,
-                policy,
-                nice,
-                tokio::runtime::Handle::try_current().is_ok(),
-            )
-        })
-        .await
-        .expect("the job ran");
-        assert_eq!(name.as_deref(), Some("sluice-bulk"));
+        let (name, policy, nice, in_runtime) = run(async { where_am_i() }).await.unwrap();
+        assert!(name.unwrap().starts_with("sluice-bulk-"));
         assert!(
             policy == libc::SCHED_IDLE || nice >= NICE,
             "policy {policy}, nice {nice}"
         );
         assert!(in_runtime, "the job sees its caller's runtime");
+    }
+
+    #[tokio::test]
+    async fn a_job_waiting_on_the_runtime_holds_no_thread() {
+        assert!(pool().is_some(), "the pool started (else jobs run inline)");
+        // More jobs than the pool has threads, each parked on the runtime's
+        // timer until all have started: were a waiting job to hold its
+        // thread, the last would never start and this would not end.
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let started = std::sync::Arc::new(tokio::sync::Barrier::new(threads * 2 + 1));
+        let jobs: Vec<_> = (0..threads * 2)
+            .map(|i| {
+                let started = started.clone();
+                tokio::spawn(run(async move {
+                    started.wait().await;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    i
+                }))
+            })
+            .collect();
+        tokio::time::timeout(Duration::from_secs(20), started.wait())
+            .await
+            .expect("every job started while the others waited");
+        for (i, job) in jobs.into_iter().enumerate() {
+            assert_eq!(job.await.unwrap(), Some(i));
+        }
     }
 
     #[tokio::test]

@@ -13,7 +13,9 @@ use crate::proto::v1 as pb;
 use crate::proto::v1::rate_limiter_server::RateLimiter;
 
 /// Items from which a call is decided on the bulk lane rather than on a
-/// runtime worker (a few times the limiter's `YIELD_EVERY`).
+/// runtime worker: eight of the limiter's `YIELD_EVERY` slices. A smaller call
+/// stays on the worker, where a caller that goes away cancels it between
+/// slices; a bulk call, once started, is decided to its end.
 const BULK_ITEMS: usize = 128;
 
 pub struct RateLimiterService {
@@ -50,28 +52,26 @@ impl RateLimiter for RateLimiterService {
             );
             return Err(status);
         }
-        let Ok(_admitted) = self.admission.admit() else {
-            // Saturated: answer at once with a typed reason instead of
-            // queueing work whose caller may already have given up.
-            let responses = requests
-                .into_iter()
-                .map(|r| {
-                    let mut response = wire::overloaded();
-                    response.request_id = r.request_id;
-                    response.metadata = r.metadata;
-                    response
-                })
-                .collect();
-            return Ok(Response::new(pb::CheckResponse { responses }));
+        // Saturated: answer at once with a typed reason instead of queueing
+        // work whose caller may already have given up.
+        let Ok(admitted) = self.admission.admit() else {
+            return Ok(overloaded(requests));
+        };
+        let lane = if requests.len() >= BULK_ITEMS {
+            let Ok(place) = self.admission.admit_bulk() else {
+                return Ok(overloaded(requests));
+            };
+            Some((admitted, place))
+        } else {
+            None
         };
         let checks: Vec<_> = requests
             .iter_mut()
             .map(|r| wire::check_from_wire(r, &self.limits))
             .collect();
-        let verdicts = if checks.len() >= BULK_ITEMS {
-            decide_in_bulk(&self.limiter, checks, budget).await?
-        } else {
-            self.limiter.check_batch_within(checks, budget).await
+        let verdicts = match lane {
+            Some(places) => decide_in_bulk(&self.limiter, checks, budget, started, places).await?,
+            None => self.limiter.check_batch_within(checks, budget).await,
         };
         let now = self.limiter.now();
         let responses = requests
@@ -98,14 +98,44 @@ impl RateLimiter for RateLimiterService {
     }
 }
 
+/// Every item of a call answered "overloaded".
+fn overloaded(requests: Vec<pb::RateLimitRequest>) -> Response<pb::CheckResponse> {
+    let responses = requests
+        .into_iter()
+        .map(|r| {
+            let mut response = wire::overloaded();
+            response.request_id = r.request_id;
+            response.metadata = r.metadata;
+            response
+        })
+        .collect();
+    Response::new(pb::CheckResponse { responses })
+}
+
 /// Decide a large call on the bulk lane (`bulk.rs`: why), not on a worker.
+/// The job holds the call's places in admission (`places`: the node's and
+/// the lane's), so the lane never holds more jobs than admission lets it,
+/// even from callers that went away. Its budget is what is left of the
+/// caller's `grpc-timeout` when it starts, not the whole of it again after
+/// its wait in the lane's queue (the limiter's floor still applies: a job
+/// starting at its deadline gets the limiter's minimum; a call with no
+/// timeout gets the limiter's default).
 async fn decide_in_bulk(
     limiter: &Limiter,
     checks: Vec<Result<Check, ItemError>>,
     budget: Option<std::time::Duration>,
+    arrived: Instant,
+    places: (
+        super::admission::Admitted,
+        tokio::sync::OwnedSemaphorePermit,
+    ),
 ) -> Result<Vec<Result<Verdict, ItemError>>, Status> {
     let limiter = limiter.clone();
-    super::bulk::run(async move { limiter.check_batch_within(checks, budget).await })
-        .await
-        .ok_or_else(|| Status::internal("deciding the batch failed"))
+    super::bulk::run(async move {
+        let _places = places;
+        let budget = budget.map(|b| b.saturating_sub(arrived.elapsed()));
+        limiter.check_batch_within(checks, budget).await
+    })
+    .await
+    .ok_or_else(|| Status::internal("deciding the batch failed"))
 }

@@ -550,14 +550,18 @@ impl Store {
 
     /// Remove every key whose state is back to fresh. Returns how many.
     pub fn sweep(&self, now: Nanos) -> usize {
+        // Each removal is counted as it happens (under its shard's lock, as
+        // an eviction's is), not once at the end: the sweep takes a while at
+        // a million keys, and a count that lagged would have `make_room`
+        // evict keys still counting for room the sweep had already made.
         let removed = self.map.retain(|k, e| {
             let keep = e.idle_after() > now;
             if !keep {
                 self.discharge(k.len(), e);
+                self.count.fetch_sub(1, Ordering::Relaxed);
             }
             keep
         });
-        self.count.fetch_sub(removed, Ordering::Relaxed);
         self.stats
             .expired
             .fetch_add(removed as u64, Ordering::Relaxed);

@@ -167,11 +167,11 @@ impl<'a> Vacant<'a> {
     }
 }
 
-/// A shard on cache lines of its own: threads deciding keys of two
-/// neighbouring shards must not contend on one line.
 /// Slots `retain` reads under one lock of a shard (~0.1 ms of work).
 const RETAIN_CHUNK: usize = 4_096;
 
+/// A shard on cache lines of its own: threads deciding keys of two
+/// neighbouring shards must not contend on one line.
 #[derive(Debug)]
 #[repr(align(128))]
 struct Padded(RwLock<Shard>);
