@@ -19,3 +19,11 @@ if ((${#found[@]})); then
     exit 1
 fi
 echo "sluice-client: $(sort -u <<<"$tree" | wc -l) crates, none of: ${server_only[*]}"
+# The decision core, which the client is to share with the server (issue
+# 23), depends on nothing at all.
+core=$(cargo tree --locked -p sluice-core -e normal --prefix none --format '{p}' | sort -u)
+if [[ $(wc -l <<<"$core") -ne 1 ]]; then
+    echo "sluice-core has dependencies: $(tail -n +2 <<<"$core" | tr '\n' ' ')" >&2
+    exit 1
+fi
+echo "sluice-core: no dependencies"

@@ -3,7 +3,9 @@
 //! The design is in `DESIGN.md` (shared with the team); each module here is
 //! one part of it.
 
-pub mod algorithm;
+/// The decision core (`crates/sluice-core`), re-exported: the server's
+/// modules name it `crate::algorithm` as when it lived here.
+pub use sluice_core::algorithm;
 pub mod cli;
 pub mod clock;
 pub mod cluster;

@@ -46,7 +46,7 @@ async fn batch_answers_in_order_and_echoes() {
 
 /// When a key of 10 a minute, all spent at one instant (the fake clock,
 /// frozen at `common::BASE`, 20 s into a minute of the epoch), can take
-/// one more hit, per algorithm (each one's table in `src/algorithm/`).
+/// one more hit, per algorithm (each one's table in `crates/sluice-core/src/algorithm/`).
 fn retry_after_ms(a: pb::Algorithm) -> i64 {
     match a {
         // One hit drains or refills every 6 s.

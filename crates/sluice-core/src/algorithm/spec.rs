@@ -227,7 +227,7 @@ impl Spec {
 
     /// The duration in nanoseconds. Every algorithm but the fixed window
     /// requires one (enforced by validation), so this is total for them.
-    pub(crate) fn duration(&self) -> Nanos {
+    pub fn duration(&self) -> Nanos {
         match self.period {
             Period::Duration(d) => d,
             // Only fixed windows take calendar periods and they never call
@@ -240,7 +240,7 @@ impl Spec {
     }
 
     /// The window `[start, end)` containing `t`, for windowed algorithms.
-    pub(crate) fn window(&self, t: Nanos) -> (Nanos, Nanos) {
+    pub fn window(&self, t: Nanos) -> (Nanos, Nanos) {
         match self.period {
             Period::Duration(d) => super::calendar::fixed(t, d),
             Period::Calendar(unit) => unit.bounds(t),
