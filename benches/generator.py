@@ -18,37 +18,13 @@ needs target/release/sluice and redis-server, as benches/redis.py does.)
 """
 
 import argparse
-import json
 import os
-import resource
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster import BIN, Cluster, quantile  # noqa: E402
-from redis import KEYS, LIMIT, Redis, ensure_redis  # noqa: E402
-
-
-def run(gen, addr, seconds, extra, server=None, target=None):
-    """One open- or closed-loop run of generator `gen`; its summary, with
-    core shares and (for a Sluice `server`) the server's own Check p99."""
-    tgt = ["--target", target] if target else []
-    cmd = ["taskset", "-c", "1", gen, "bench", "--json", "--duration", f"{seconds}s",
-           "--keys", KEYS, *LIMIT, "--addr", addr, *tgt, *extra]
-    durations = server.check_durations() if server else None
-    cpu = server.cpu() if server else 0.0
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    r = json.loads(out.stdout)
-    secs = max(r["seconds"], 1e-9)
-    r["gen_share"] = (after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime) / secs
-    if server:
-        r["server_share"] = (server.cpu() - cpu) / secs
-        p99 = quantile(durations, server.check_durations(), 0.99)
-        r["server_p99_us"] = None if p99 is None else round(p99[0] * 1e6)
-    return r
+from cluster import BIN, Cluster  # noqa: E402
+from redis import Redis, bench, ensure_redis  # noqa: E402
 
 
 def main():
@@ -62,14 +38,13 @@ def main():
     redis, node = Redis(), Cluster(1)
     rows = []
     try:
-        peak = run(BIN, redis.addr, args.seconds, ["--concurrency", "64"],
-                   target="redis")["calls_per_s"]
+        peak = bench("redis", redis, args.seconds, ["--concurrency", "64"])["calls_per_s"]
         for share in (0.1, 0.25, 0.5, 0.75):
             rate = str(round(peak * share))
             for rep in range(args.reps):
                 for name, gen in gens.items():
-                    r = run(gen, node.grpc[0], args.seconds,
-                            ["--rate", rate, "--concurrency", "256"], server=node)
+                    r = bench("sluice", node, args.seconds,
+                              ["--rate", rate, "--concurrency", "256"], gen=gen)
                     rows.append((share, name, rep, r))
     finally:
         node.stop()
@@ -84,10 +59,11 @@ def main():
           "| server core | server's own Check p99 |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for share, name, rep, r in rows:
-        lat, late = r["latency_us"], r.get("late_us")
+        lat, late, own = r["latency_us"], r.get("late_us"), r["server_check_p99_us"]
         print(f"| {share:.0%} | {name} | {rep + 1} | {r['calls_per_s']:,.0f} | {lat['p50']} "
               f"| {lat['p99']} | {lat['p999']} | {late['p99'] if late else '–'} "
-              f"| {r['gen_share']:.0%} | {r['server_share']:.0%} | {r['server_p99_us']} |")
+              f"| {r['generator_core_share']:.0%} | {r['server_core_share']:.0%} "
+              f"| {own[0] if own else '–'} |")
 
 
 if __name__ == "__main__":

@@ -108,15 +108,16 @@ def rss(pid):
     return 0
 
 
-def bench(target, server, seconds, extra, base=True):
+def bench(target, server, seconds, extra, base=True, gen=BIN):
     """One `sluice bench` run against `server` (a Cluster or Redis); `base`:
-    the common keys and limit, else `extra` says them."""
+    the common keys and limit, else `extra` says them; `gen`: the build
+    whose `sluice bench` generates the load (benches/generator.py)."""
     if target == "redis":
         addr = ["--target", "redis", "--addr", server.addr]
     else:
         addr = ["--addr", ",".join(server.grpc)]
     common = ["--keys", KEYS, *LIMIT] if base else []
-    cmd = ["taskset", "-c", "1", BIN, "bench", "--json", "--duration", f"{seconds}s",
+    cmd = ["taskset", "-c", "1", gen, "bench", "--json", "--duration", f"{seconds}s",
            *common, *addr, *extra]
     durations = server.check_durations() if target != "redis" else None
     before, wall = server.cpu(), time.time()

@@ -394,6 +394,15 @@ mod tests {
         Entry::new(spec, 0)
     }
 
+    /// Insert `key` with a fresh entry, if it is not in the table.
+    fn insert(table: &Table, key: &[u8]) {
+        table.entry(key, |f| {
+            if let Found::Vacant(v) = f {
+                v.insert(entry());
+            }
+        });
+    }
+
     #[test]
     fn keys_short_and_long_come_back_as_they_went_in() {
         let table = Table::with_capacity(0);
@@ -422,11 +431,7 @@ mod tests {
         let table = Table::with_capacity(0);
         let key = |i: u32| i.to_le_bytes().to_vec();
         for i in 0..1_000 {
-            table.entry(&key(i), |f| {
-                if let Found::Vacant(v) = f {
-                    v.insert(entry());
-                }
-            });
+            insert(&table, &key(i));
         }
         let places = table.places();
         for i in (0..1_000).step_by(2) {
@@ -438,11 +443,7 @@ mod tests {
         }
         // The same keys again land in the same shards: in their holes.
         for i in (0..1_000).step_by(2) {
-            table.entry(&key(i), |f| {
-                if let Found::Vacant(v) = f {
-                    v.insert(entry());
-                }
-            });
+            insert(&table, &key(i));
         }
         assert_eq!(
             table.places(),
@@ -469,11 +470,7 @@ mod tests {
         let n = (RETAIN_CHUNK * table.shards.len() * 3) as u32;
         let key = |i: u32| i.to_le_bytes();
         for i in 0..n {
-            table.entry(&key(i), |f| {
-                if let Found::Vacant(v) = f {
-                    v.insert(entry());
-                }
-            });
+            insert(&table, &key(i));
         }
         let places = table.places();
         let removed = table.retain(|k, _| u32::from_le_bytes(k.try_into().unwrap()) % 3 != 0);
@@ -483,11 +480,7 @@ mod tests {
         }
         // The removed keys' slots are holes the same keys fill again.
         for i in (0..n).step_by(3) {
-            table.entry(&key(i), |f| {
-                if let Found::Vacant(v) = f {
-                    v.insert(entry());
-                }
-            });
+            insert(&table, &key(i));
         }
         assert_eq!(
             table.places(),
@@ -503,11 +496,7 @@ mod tests {
     fn the_hand_visits_every_key_in_one_lap() {
         let table = Table::with_capacity(0);
         for i in 0..100u32 {
-            table.entry(&i.to_le_bytes(), |f| {
-                if let Found::Vacant(v) = f {
-                    v.insert(entry());
-                }
-            });
+            insert(&table, &i.to_le_bytes());
         }
         // A lap: from the start back to it, within `places` steps.
         let mut pos = Pos::default();
