@@ -26,7 +26,7 @@
 //! after a failover decides on the count it took over and grants the
 //! edges' lease spending a second time until the next report round).
 
-pub mod tiered;
+pub use sluice_core::tiered;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -147,12 +147,16 @@ impl Ledgers {
 
     /// `edge` gives back what it did not spend ([`Ledger::give_back`]).
     pub fn give_back(&mut self, key: &[u8], edge: &str, unused: u64) {
-        self.lessen(key, |l| l.give_back(edge, unused));
+        self.lessen(key, |l| {
+            l.give_back(edge, unused);
+        });
     }
 
     /// `edge`'s report of `hits` was absorbed ([`Ledger::reported`]).
     pub fn reported(&mut self, key: &[u8], edge: &str, hits: u64) {
-        self.lessen(key, |l| l.reported(edge, hits));
+        self.lessen(key, |l| {
+            l.reported(edge, hits);
+        });
     }
 
     /// Grant `edge` its next allotment of `key` ([`Ledger::grant`]); None

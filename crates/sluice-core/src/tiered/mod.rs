@@ -33,8 +33,10 @@ use crate::algorithm::Nanos;
 mod allotments;
 mod ledgers;
 mod queue;
+mod subgrants;
 pub use allotments::{Allotments, Local};
 pub use ledgers::Ledgers;
+pub use subgrants::{Caps, SubGrants};
 
 const NANOS_PER_SEC: u128 = 1_000_000_000;
 
@@ -128,35 +130,60 @@ impl Ledger {
     /// `edge` reported `hits` spent: they leave its outstanding (the state
     /// absorbs them). Hits beyond what it holds (a report after release)
     /// change nothing here.
-    pub fn reported(&mut self, edge: &str, hits: u64) {
-        self.lessen(edge, hits);
+    /// Returns how many of them it held outstanding.
+    pub fn reported(&mut self, edge: &str, hits: u64) -> u64 {
+        self.lessen(edge, hits)
     }
 
-    /// `edge` gives back `unused` tokens of its allotment (it asked again).
-    pub fn give_back(&mut self, edge: &str, unused: u64) {
-        self.lessen(edge, unused);
+    /// `edge` gives back `unused` tokens of its allotment (it asked again);
+    /// returns how many it held outstanding (what really comes back).
+    pub fn give_back(&mut self, edge: &str, unused: u64) -> u64 {
+        self.lessen(edge, unused)
     }
 
-    fn lessen(&mut self, edge: &str, by: u64) {
-        if let Some(s) = self.edges.get_mut(edge) {
-            let cut = s.outstanding.min(by);
-            s.outstanding -= cut;
-            self.outstanding = self.outstanding.saturating_sub(u128::from(cut));
-        }
+    fn lessen(&mut self, edge: &str, by: u64) -> u64 {
+        let Some(s) = self.edges.get_mut(edge) else {
+            return 0;
+        };
+        let cut = s.outstanding.min(by);
+        s.outstanding -= cut;
+        self.outstanding = self.outstanding.saturating_sub(u128::from(cut));
+        cut
     }
 
     /// Release allotments that expired more than `grace` ago; forget edges
-    /// whose demand is older than `memory` too.
-    pub fn release_expired(&mut self, now: Nanos, terms: &Terms) {
+    /// whose demand is older than `memory` too. Returns the tokens released.
+    pub fn release_expired(&mut self, now: Nanos, terms: &Terms) -> u64 {
         let total = &mut self.outstanding;
+        let mut released = 0u64;
         self.edges.retain(|_, s| {
             let live = s.expires.saturating_add(terms.grace) > now;
             if !live {
                 *total = total.saturating_sub(u128::from(s.outstanding));
+                released = released.saturating_add(s.outstanding);
                 s.outstanding = 0;
             }
             live || s.seen.saturating_add(terms.memory) > now
         });
+        released
+    }
+
+    /// Whether `edge` has a standing here (granted, and not yet forgotten).
+    pub fn knows(&self, edge: &str) -> bool {
+        self.edges.contains_key(edge)
+    }
+
+    /// Edges remembered (holding an allotment, or recently heard from).
+    pub fn edges(&self) -> usize {
+        self.edges.len()
+    }
+
+    /// Every edge's recent demand, summed (hits per second).
+    pub fn demand(&self, now: Nanos, terms: &Terms) -> u64 {
+        self.edges
+            .values()
+            .filter(|s| s.seen.saturating_add(terms.memory) > now)
+            .fold(0u64, |sum, s| sum.saturating_add(s.demand))
     }
 
     /// Grant `edge` its next allotment (what it did not spend of the last

@@ -189,8 +189,14 @@ impl Allotments {
                 retry_after: a.empty_until - now,
             };
         }
-        // Asking: what is left of this allotment goes back with the ask.
-        let unused = if now < a.expires { a.tokens } else { 0 };
+        // Asking: what is left of this allotment goes back with the ask —
+        // expired or not. The grantor still counts expired tokens as
+        // promised until its grace ends, and an edge that asks again within
+        // it keeps its standing alive: tokens not given back here would stay
+        // promised for as long as the edge keeps asking. (Giving back more
+        // than the grantor still counts is harmless: it takes back at most
+        // what is outstanding.)
+        let unused = a.tokens;
         if a.counted {
             self.held = self.held.saturating_sub(u128::from(a.tokens));
         }
@@ -238,6 +244,52 @@ impl Allotments {
             self.examined += self
                 .expiring
                 .push(expires, k, |at, k| is_counted(keys, at, k));
+        }
+    }
+
+    /// The key's unexpired allotment: its tokens and expiry (a node
+    /// sizing what it can pass on to the apps it serves).
+    pub fn live(&self, key: &[u8], now: Nanos) -> Option<(u64, Nanos)> {
+        self.keys
+            .get(key)
+            .filter(|a| now < a.expires)
+            .map(|a| (a.tokens, a.expires))
+    }
+
+    /// Take `amount` tokens out of the key's unexpired allotment without
+    /// spending them (a node passing them on as a sub-grant: the app
+    /// spends them and reports, or they come back through
+    /// [`Allotments::refund`]). Takes at most what it holds; returns that.
+    pub fn take(&mut self, key: &[u8], amount: u64, now: Nanos) -> u64 {
+        let Some(a) = self.keys.get_mut(key).filter(|a| now < a.expires) else {
+            return 0;
+        };
+        let took = a.tokens.min(amount);
+        a.tokens -= took;
+        if a.counted {
+            self.held = self.held.saturating_sub(u128::from(took));
+        }
+        took
+    }
+
+    /// Tokens taken out by [`Allotments::take`] come back unspent. They
+    /// join the allotment whether it is live or not: an expired one gives
+    /// them back to its grantor with its next ask. With no allotment (the
+    /// ring changed and it was dropped) they are not this node's to hold.
+    pub fn refund(&mut self, key: &[u8], amount: u64) {
+        if let Some(a) = self.keys.get_mut(key) {
+            a.tokens = a.tokens.saturating_add(amount);
+            if a.counted {
+                self.held += u128::from(amount);
+            }
+        }
+    }
+
+    /// Count `hits` of demand spent elsewhere from this allotment's
+    /// tokens (an app's sub-grant): the next ask is sized for them too.
+    pub fn see(&mut self, key: &[u8], hits: u64, now: Nanos) {
+        if let Some(a) = self.keys.get_mut(key) {
+            a.see(hits, now);
         }
     }
 

@@ -122,7 +122,8 @@ fn an_edge_spends_its_allotment_then_asks_with_its_demand() {
         a.spend(b"k", 2, 2 * MS),
         Local::Ask { unused: 1, .. }
     ));
-    // An expired allotment is not spent.
+    // An expired allotment is not spent; its tokens go back with the ask
+    // (the owner counts them promised until its grace ends).
     a.granted(
         b"k",
         Grant {
@@ -133,7 +134,7 @@ fn an_edge_spends_its_allotment_then_asks_with_its_demand() {
     );
     assert!(matches!(
         a.spend(b"k", 1, 150 * MS),
-        Local::Ask { unused: 0, .. }
+        Local::Ask { unused: 50, .. }
     ));
     // Nothing to grant: refused here for a while, then asks again.
     a.granted(
