@@ -235,6 +235,41 @@ pub struct ClusterConfig {
     /// edge's demand over this long, within its share).
     #[serde(with = "humantime_serde_compat")]
     pub tiered_allotment_ttl: Duration,
+    /// Tiered mode inside apps: what this node passes on to sluice-client.
+    pub client_allotments: ClientAllotments,
+}
+
+/// Sub-grants of this node's tiered allotments to the apps it serves
+/// (sluice-client's `Check::tiered`), which then decide those keys in
+/// process and report their spending here.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClientAllotments {
+    /// Off: an app's ask is decided as a plain check, with nothing granted.
+    pub enabled: bool,
+    /// Apps remembered (their report numbers).
+    pub max_clients: usize,
+    /// Keys one app may hold sub-grants of.
+    pub max_keys_per_client: usize,
+    /// Apps holding sub-grants of one key.
+    pub max_clients_per_key: usize,
+    /// How often apps report (sluice-client's default is 50ms): a
+    /// sub-grant ends this long before the node's own allotment does, so
+    /// the app's last report is here in time.
+    #[serde(with = "humantime_serde_compat")]
+    pub report_interval: Duration,
+}
+
+impl Default for ClientAllotments {
+    fn default() -> Self {
+        ClientAllotments {
+            enabled: true,
+            max_clients: 10_000,
+            max_keys_per_client: 10_000,
+            max_clients_per_key: 1_024,
+            report_interval: Duration::from_millis(50),
+        }
+    }
 }
 
 impl Default for ClusterConfig {
@@ -268,6 +303,7 @@ impl Default for ClusterConfig {
             tls: None,
             token_window: TOKEN_WINDOW,
             tiered_allotment_ttl: Duration::from_millis(250),
+            client_allotments: ClientAllotments::default(),
         }
     }
 }

@@ -14,6 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             &[
                 "../../proto/sluice/v1/ratelimit.proto",
                 "../../proto/sluice/v1/admin.proto",
+                "../../proto/sluice/v1/allotments.proto",
             ],
             &["../../proto", include],
         )?;

@@ -113,6 +113,22 @@ fn errors_name_the_key() {
             "cluster.tiered_allotment_ttl: at most 7days",
         ),
         (
+            "[cluster.client_allotments]\nreport_interval = \"500000000000years\"\n",
+            "cluster.client_allotments.report_interval: at most 7days",
+        ),
+        (
+            "[cluster.client_allotments]\nreport_interval = \"200ms\"\n",
+            "cluster.client_allotments.report_interval: greater than zero and under half",
+        ),
+        (
+            "[cluster.client_allotments]\nmax_keys_per_client = 0\n",
+            "cluster.client_allotments.max_keys_per_client: must be greater than zero",
+        ),
+        (
+            "[cluster.client_allotments]\nmax_clients = 2000000000\n",
+            "cluster.client_allotments.max_clients: at most",
+        ),
+        (
             "[cluster]\ndead_grace = \"30days\"\n",
             "cluster.dead_grace: at most 7days",
         ),

@@ -31,6 +31,18 @@ impl Config {
         for (key, v) in [
             ("limits.max_keys", l.max_keys),
             ("cluster.lease_max_keys", self.cluster.lease_max_keys),
+            (
+                "cluster.client_allotments.max_clients",
+                self.cluster.client_allotments.max_clients,
+            ),
+            (
+                "cluster.client_allotments.max_keys_per_client",
+                self.cluster.client_allotments.max_keys_per_client,
+            ),
+            (
+                "cluster.client_allotments.max_clients_per_key",
+                self.cluster.client_allotments.max_clients_per_key,
+            ),
         ] {
             if v > MAX_MAX_KEYS {
                 return Err(ConfigError(format!(
@@ -94,6 +106,10 @@ impl Config {
             ("cluster.handoff_timeout", c.handoff_timeout),
             ("cluster.token_window", c.token_window),
             ("cluster.tiered_allotment_ttl", c.tiered_allotment_ttl),
+            (
+                "cluster.client_allotments.report_interval",
+                c.client_allotments.report_interval,
+            ),
         ] {
             if d > MAX_INTERVAL {
                 return Err(ConfigError(format!(
@@ -137,6 +153,18 @@ impl Config {
             ("cluster.peer_queue", c.peer_queue),
             ("cluster.peer_in_flight", c.peer_in_flight),
             ("cluster.lease_max_keys", c.lease_max_keys),
+            (
+                "cluster.client_allotments.max_clients",
+                c.client_allotments.max_clients,
+            ),
+            (
+                "cluster.client_allotments.max_keys_per_client",
+                c.client_allotments.max_keys_per_client,
+            ),
+            (
+                "cluster.client_allotments.max_clients_per_key",
+                c.client_allotments.max_clients_per_key,
+            ),
         ] {
             if v == 0 {
                 return Err(ConfigError(format!("{key}: must be greater than zero")));
@@ -164,6 +192,14 @@ impl Config {
             return Err(ConfigError(
                 "cluster.tiered_allotment_ttl: at least 10ms".into(),
             ));
+        }
+        if c.client_allotments.report_interval.is_zero()
+            || c.client_allotments.report_interval * 2 >= c.tiered_allotment_ttl
+        {
+            return Err(ConfigError(format!(
+                "cluster.client_allotments.report_interval: greater than zero and under half of cluster.tiered_allotment_ttl ({}) — an app's allotment ends this long before the node's",
+                humantime::format_duration(c.tiered_allotment_ttl)
+            )));
         }
         if c.token_window < Duration::from_millis(100) {
             return Err(ConfigError("cluster.token_window: at least 100ms".into()));

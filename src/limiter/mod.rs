@@ -18,6 +18,7 @@
 //! - `tiered`: hot keys on allotments; `envoy`: descriptors; `admin`.
 
 mod admin;
+mod clients;
 mod envoy;
 mod fallback;
 mod forward;
@@ -47,6 +48,7 @@ pub use crate::cluster::peers::{Forwarded, ReportOutcome};
 /// keys by: the store's types, as the limiter hands them to services.
 pub use crate::store::key::encode as encode_key;
 pub use crate::store::{TopBy, View};
+pub use clients::{Allotted, ClientAck};
 pub use tiered::Ask;
 pub use types::{Absorb, Check, ItemError, LimitRef, Mode, Path, Reason, Status, Verdict};
 
@@ -75,6 +77,9 @@ pub struct ClusterSettings {
     pub tiered: crate::lease::tiered::Terms,
     /// Tiered mode: keys with allotments (as an edge) and ledgers (as an owner).
     pub tiered_max_keys: usize,
+    /// Tiered mode inside apps: what this node passes on to them, and how
+    /// long before its own allotment ends theirs must (None: off).
+    pub client_allotments: Option<(crate::lease::tiered::Caps, algorithm::Nanos)>,
     /// How long a member may stay silent in an ownership transfer before
     /// it is flagged (`sluice_transfer_stalled_members`).
     pub handoff_timeout: std::time::Duration,
@@ -203,7 +208,11 @@ impl Limiter {
                 presence: parts.presence,
                 nudge: parts.nudge,
                 leases: parts.leases,
-                tiers: tiered::Tiers::new(parts.settings.tiered_max_keys, parts.settings.tiered),
+                tiers: tiered::Tiers::new(
+                    parts.settings.tiered_max_keys,
+                    parts.settings.tiered,
+                    parts.settings.client_allotments,
+                ),
                 settings: parts.settings,
                 rates: rates::Rates::new(),
             }),

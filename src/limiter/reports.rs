@@ -25,6 +25,7 @@ impl Limiter {
     /// (absorbing its own keys here). Unacknowledged reports are resent
     /// unchanged next time; returns how many were acknowledged.
     pub async fn flush_reports(&self) -> usize {
+        self.settle_subgrants();
         let (held, reserved) = self.shared.tiers.figures(self.now());
         let m = &self.shared.metrics.cluster;
         m.tiered_held.set(i64::try_from(held).unwrap_or(i64::MAX));

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{Limiter, Path, Resolved, Topology, Verdict};
 use crate::algorithm::{self, Cost, Decision, Nanos, Spec};
-use crate::lease::tiered::{Allotments, Grant, Ledgers, Local, Terms};
+use crate::lease::tiered::{Allotments, Caps, Grant, Ledgers, Local, SubGrants, Terms};
 use crate::store::{Seed, Stale, key};
 
 /// A slow-path ask, as the owner receives it.
@@ -35,6 +35,9 @@ pub(super) struct Tiers {
     /// an await.
     allotments: Mutex<Allotments>,
     ledgers: Mutex<Ledgers>,
+    /// What this node passed on to apps (None: client allotments are off).
+    /// Locked after `allotments` when both are held.
+    subgrants: Option<Mutex<SubGrants>>,
     /// Ledgers held: while none, an exact decision skips the lookup.
     ledger_count: AtomicUsize,
     pub(super) terms: Terms,
@@ -43,18 +46,37 @@ pub(super) struct Tiers {
 }
 
 impl Tiers {
-    pub(super) fn new(max_keys: usize, terms: Terms) -> Tiers {
+    pub(super) fn new(max_keys: usize, terms: Terms, clients: Option<(Caps, Nanos)>) -> Tiers {
         Tiers {
             allotments: Mutex::new(Allotments::new(max_keys)),
             ledgers: Mutex::new(Ledgers::new(max_keys, terms)),
+            subgrants: clients.map(|(caps, lead)| {
+                let caps = Caps {
+                    max_keys: caps.max_keys.min(max_keys),
+                    ..caps
+                };
+                Mutex::new(SubGrants::new(caps, terms, lead))
+            }),
             ledger_count: AtomicUsize::new(0),
             terms,
             report_soon: Arc::new(tokio::sync::Notify::new()),
         }
     }
 
-    fn allotments(&self) -> MutexGuard<'_, Allotments> {
+    pub(super) fn allotments(&self) -> MutexGuard<'_, Allotments> {
         self.allotments.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What this node passed on to apps; None when that is off.
+    pub(super) fn subgrants(&self) -> Option<MutexGuard<'_, SubGrants>> {
+        self.subgrants
+            .as_ref()
+            .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The apps' demand for `k`, added to this node's own when it asks.
+    fn client_demand(&self, k: &[u8], now: Nanos) -> u64 {
+        self.subgrants().map_or(0, |s| s.demand(k, now))
     }
 
     fn ledgers(&self) -> MutexGuard<'_, Ledgers> {
@@ -213,6 +235,9 @@ impl Limiter {
                 Ok(v)
             }
             Local::Ask { demand, unused } => {
+                let demand = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
+                    demand.saturating_add(self.tiers().client_demand(k, now))
+                });
                 Err((owner, crate::cluster::peers::TieredAsk { demand, unused }))
             }
         }
@@ -281,7 +306,7 @@ impl Limiter {
                 Local::Ask { demand, unused } => {
                     let ask = Ask {
                         edge: me.to_string(),
-                        demand,
+                        demand: demand.saturating_add(self.tiers().client_demand(k, now)),
                         unused,
                     };
                     let (d, grant) = self.decide_reserving(k, &r.spec, req, t, now, Some(&ask))?;

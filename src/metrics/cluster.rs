@@ -100,6 +100,12 @@ pub struct ClusterMetrics {
     /// owner promised that edges have not reported yet (outstanding).
     pub tiered_held: Gauge,
     pub tiered_reserved: Gauge,
+    /// Allotments inside apps: sub-grants made and tokens passed on, the
+    /// tokens apps hold unreported, and app reports by acknowledgement.
+    pub client_grants: Counter,
+    pub client_granted_tokens: Counter,
+    pub client_outstanding: Gauge,
+    pub client_reports: Family<Vec<(&'static str, &'static str)>, Counter>,
 }
 
 impl ClusterMetrics {
@@ -147,6 +153,10 @@ impl ClusterMetrics {
             tiered_granted_tokens: Counter::default(),
             tiered_held: Gauge::default(),
             tiered_reserved: Gauge::default(),
+            client_grants: Counter::default(),
+            client_granted_tokens: Counter::default(),
+            client_outstanding: Gauge::default(),
+            client_reports: Family::default(),
         }
     }
 
@@ -250,6 +260,26 @@ impl ClusterMetrics {
             "sluice_tiered_outstanding_tokens",
             "Tokens promised to edges and not yet reported (as an owner)",
             self.tiered_reserved.clone(),
+        );
+        registry.register(
+            "sluice_client_allotment_grants",
+            "Sub-grants of this node's allotments to apps",
+            self.client_grants.clone(),
+        );
+        registry.register(
+            "sluice_client_allotment_granted_tokens",
+            "Tokens passed on to apps in sub-grants",
+            self.client_granted_tokens.clone(),
+        );
+        registry.register(
+            "sluice_client_allotment_outstanding_tokens",
+            "Tokens apps hold that they have not reported or given back",
+            self.client_outstanding.clone(),
+        );
+        registry.register(
+            "sluice_client_allotment_reports",
+            "App spending reports, by acknowledgement (applied, duplicate, retry, invalid)",
+            self.client_reports.clone(),
         );
         registry.register(
             "sluice_peer_rpcs",

@@ -282,6 +282,18 @@ impl Node {
                         .as_nanos() as u64,
                 },
                 tiered_max_keys: cluster.lease_max_keys,
+                client_allotments: cluster.client_allotments.enabled.then(|| {
+                    let c = &cluster.client_allotments;
+                    (
+                        crate::lease::tiered::Caps {
+                            max_keys: cluster.lease_max_keys,
+                            max_clients: c.max_clients,
+                            max_keys_per_client: c.max_keys_per_client,
+                            max_clients_per_key: c.max_clients_per_key,
+                        },
+                        c.report_interval.as_nanos() as u64,
+                    )
+                }),
             },
         });
         tasks.spawn(follow_ring(

@@ -28,11 +28,13 @@ use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use crate::proto::peer::peer_server::PeerServer;
 use crate::proto::v1::admin_server::AdminServer;
+use crate::proto::v1::allotments_server::AllotmentsServer;
 use crate::proto::v1::rate_limiter_server::RateLimiterServer;
 use crate::service::headers::Families;
 use crate::service::operator::OperatorAuth;
 use crate::service::{
-    admin::AdminService, envoy::RlsService, peer::PeerService, v1::RateLimiterService,
+    admin::AdminService, allotments::AllotmentsService, envoy::RlsService, peer::PeerService,
+    v1::RateLimiterService,
 };
 use crate::tls::Reloading;
 
@@ -65,6 +67,7 @@ type Health = tonic_health::pb::health_server::HealthServer<tonic_health::server
 #[derive(Clone)]
 pub struct Services {
     v1: RateLimiterServer<RateLimiterService>,
+    allotments: AllotmentsServer<AllotmentsService>,
     envoy: RateLimitServiceServer<RlsService>,
     admin: AdminServer<AdminService>,
     peer: PeerServer<PeerService>,
@@ -99,6 +102,12 @@ impl Services {
         let families = config.envoy.response_headers.then_some(families);
         Ok(Services {
             v1: RateLimiterServer::new(RateLimiterService::new(
+                limiter.clone(),
+                config.limits.clone(),
+                admission.clone(),
+            ))
+            .max_decoding_message_size(max),
+            allotments: AllotmentsServer::new(AllotmentsService::new(
                 limiter.clone(),
                 config.limits.clone(),
                 admission.clone(),
@@ -193,6 +202,7 @@ impl Services {
                 .add_service(reflection().build_v1()?)
                 .add_service(reflection().build_v1alpha()?)
                 .add_service(self.v1.clone())
+                .add_service(self.allotments.clone())
                 .add_service(self.envoy.clone());
         }
         let admin = || InterceptedService::new(self.admin.clone(), self.operator.clone());

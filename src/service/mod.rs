@@ -13,6 +13,7 @@
 
 pub mod admin;
 pub mod admission;
+pub mod allotments;
 pub mod bulk;
 pub mod coalesce;
 pub mod deadline;

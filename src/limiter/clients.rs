@@ -1,0 +1,222 @@
+//! Tiered mode inside apps (issue 23): this node passes part of its own
+//! allotment of a hot key on to an app (sluice-client), which decides the
+//! key in process and reports what it spent. The arithmetic is in
+//! `crate::lease::tiered::SubGrants`.
+//!
+//! The owner never hears of apps. An app's spending is recorded here as
+//! this node's own ([`crate::lease::Leases::record`]) and reported to the
+//! owner under this node's id, sequence-numbered like every lease report;
+//! an app's report is applied once per `(client, sequence)`. So the
+//! owner's invariant — consumption plus what it promised never beyond the
+//! limit — covers apps' tokens: they are part of this node's allotment.
+//!
+//! Nothing here awaits while holding a lock, and what an ask changes
+//! happens in one synchronous step before its decision (the give-back) and
+//! one after (the grant): a caller gone mid-ask leaves either nothing or
+//! a whole step done.
+
+use std::sync::Arc;
+
+use super::{ItemError, Limiter, Verdict};
+use crate::algorithm::Nanos;
+use crate::store::key;
+
+/// An app's ask answered: the decision on its check, and its sub-grant.
+#[derive(Clone, Debug)]
+pub struct Allotted {
+    pub verdict: Verdict,
+    /// Tokens the app may spend without asking (0: none now).
+    pub granted: u64,
+    /// For this long from now.
+    pub expires_in: Nanos,
+}
+
+/// What became of an app's report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClientAck {
+    /// Applied now; the items that could not be (named by field).
+    Applied(Vec<ItemError>),
+    /// Applied before: a resend after a lost acknowledgement.
+    Duplicate,
+    /// Not applied now (client allotments are off here): resend elsewhere.
+    Retry,
+}
+
+impl ClientAck {
+    pub fn name(&self) -> &'static str {
+        match self {
+            ClientAck::Applied(_) => "applied",
+            ClientAck::Duplicate => "duplicate",
+            ClientAck::Retry => "retry",
+        }
+    }
+}
+
+impl Limiter {
+    /// Decide an app's `check` (as [`Limiter::check_batch_within`] would)
+    /// and grant it a share of this node's allotment of the key, if the
+    /// key is in tiered mode and this node holds a live allotment of it.
+    /// `unused`: what the app did not spend of its last sub-grant of the
+    /// key, taken back first (so this check may spend it).
+    pub async fn allot(
+        &self,
+        check: super::Check,
+        client: &str,
+        demand: u64,
+        unused: u64,
+        budget: Option<std::time::Duration>,
+    ) -> Result<Allotted, ItemError> {
+        let tiered = {
+            let policies = self.shared.policies.load_full();
+            self.resolve(&check, &policies)?.tiered
+        };
+        let on = tiered && self.shared.tiers.subgrants().is_some();
+        if on && unused > 0 {
+            self.take_back(&check, client, unused);
+        }
+        let (name, unique_key) = (check.name.clone(), check.unique_key.clone());
+        let verdict = self
+            .check_batch_within(vec![Ok(check)], budget)
+            .await
+            .remove(0)?;
+        let mut allotted = Allotted {
+            verdict,
+            granted: 0,
+            expires_in: 0,
+        };
+        if !on {
+            return Ok(allotted);
+        }
+        let now = self.now();
+        let grant = key::with_encoded(&name, &unique_key, |k| {
+            let tiers = &self.shared.tiers;
+            let mut allotments = tiers.allotments();
+            let mut subgrants = tiers.subgrants()?;
+            let (pool, node_expires) = allotments.live(k, now)?;
+            let g = subgrants.grant(k, client, demand, pool, node_expires, now);
+            // At most half the pool: all of it is there to take.
+            let took = allotments.take(k, g.amount, now);
+            if took < g.amount {
+                subgrants.give_back(k, client, g.amount - took);
+            }
+            Some((took, g.expires.saturating_sub(now)))
+        });
+        if let Some((granted, expires_in)) = grant
+            && granted > 0
+        {
+            let m = &self.shared.metrics.cluster;
+            m.client_grants.inc();
+            m.client_granted_tokens.inc_by(granted);
+            allotted.granted = granted;
+            allotted.expires_in = expires_in;
+        }
+        Ok(allotted)
+    }
+
+    /// An app gives back what it did not spend of `check`'s key: it
+    /// returns to this node's allotment (and, with the node's next ask, to
+    /// the owner).
+    fn take_back(&self, check: &super::Check, client: &str, unused: u64) {
+        key::with_encoded(&check.name, &check.unique_key, |k| {
+            let tiers = &self.shared.tiers;
+            let mut allotments = tiers.allotments();
+            if let Some(mut subgrants) = tiers.subgrants() {
+                let back = subgrants.give_back(k, client, unused);
+                allotments.refund(k, back);
+            }
+        });
+    }
+
+    /// An app's report of what it spent: applied once per `seq`, each
+    /// item's hits recorded as this node's own lease spending (reported to
+    /// the key's owner with the node's next report, absorbed here if this
+    /// node owns the key).
+    pub fn client_report(
+        &self,
+        client: &str,
+        seq: u64,
+        items: Vec<Result<super::Check, ItemError>>,
+    ) -> ClientAck {
+        let now = self.now();
+        let ack = {
+            let Some(mut subgrants) = self.shared.tiers.subgrants() else {
+                return self.counted(ClientAck::Retry);
+            };
+            if !subgrants.fresh(client, seq, now) {
+                return self.counted(ClientAck::Duplicate);
+            }
+            drop(subgrants);
+            let policies = self.shared.policies.load_full();
+            let mut errors = Vec::new();
+            for item in items {
+                let r = match item.and_then(|c| self.resolve_owned(c, &policies)) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        errors.push(e);
+                        continue;
+                    }
+                };
+                let (check, spec) = r;
+                let hits = check.request.hits;
+                if hits == 0 {
+                    continue;
+                }
+                key::with_encoded(&check.name, &check.unique_key, |k| {
+                    let tiers = &self.shared.tiers;
+                    let mut allotments = tiers.allotments();
+                    if let Some(mut subgrants) = tiers.subgrants() {
+                        subgrants.reported(k, client, hits);
+                    }
+                    // The node's next ask is sized for its apps' spending.
+                    allotments.see(k, hits, now);
+                    drop(allotments);
+                    self.shared.leases.record(k, &spec, hits, now);
+                });
+            }
+            ClientAck::Applied(errors)
+        };
+        self.counted(ack)
+    }
+
+    fn counted(&self, ack: ClientAck) -> ClientAck {
+        self.shared
+            .metrics
+            .cluster
+            .client_reports
+            .get_or_create(&vec![("ack", ack.name())])
+            .inc();
+        ack
+    }
+
+    /// A check resolved to its spec, owning both.
+    fn resolve_owned(
+        &self,
+        check: super::Check,
+        policies: &crate::policy::Policies,
+    ) -> Result<(super::Check, crate::algorithm::Spec), ItemError> {
+        let spec = self.resolve(&check, policies)?.spec;
+        Ok((check, spec))
+    }
+
+    /// Release apps' sub-grants that lapsed unreported past the grace
+    /// (their tokens return to this node's allotment), and set the gauge.
+    /// The reporter calls this once per report interval.
+    pub(super) fn settle_subgrants(&self) {
+        let now = self.now();
+        let tiers = &self.shared.tiers;
+        let mut allotments = tiers.allotments();
+        let Some(mut subgrants) = tiers.subgrants() else {
+            return;
+        };
+        let released: Vec<(Arc<[u8]>, u64)> = subgrants.sweep(now);
+        for (k, tokens) in released {
+            allotments.refund(&k, tokens);
+        }
+        let outstanding = subgrants.outstanding(now);
+        self.shared
+            .metrics
+            .cluster
+            .client_outstanding
+            .set(i64::try_from(outstanding).unwrap_or(i64::MAX));
+    }
+}

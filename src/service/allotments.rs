@@ -1,0 +1,140 @@
+//! `sluice.v1.Allotments`: apps that decide hot keys in process ask here
+//! for a share of this node's allotment and report what they spent.
+//! Converts, calls the limiter, converts back — the rules are in
+//! `limiter::clients`.
+
+use tonic::{Request, Response, Status};
+
+use super::admission::Admission;
+use super::wire;
+use crate::config::Limits;
+use crate::limiter::{ClientAck, Limiter};
+use crate::proto::v1 as pb;
+use crate::proto::v1::allotments_server::Allotments;
+
+/// An app's id: what it chose at start (random). Bounded: every id a node
+/// remembers costs memory.
+const MAX_CLIENT_ID: usize = 128;
+
+pub struct AllotmentsService {
+    limiter: Limiter,
+    limits: Limits,
+    admission: Admission,
+}
+
+impl AllotmentsService {
+    pub fn new(limiter: Limiter, limits: Limits, admission: Admission) -> AllotmentsService {
+        AllotmentsService {
+            limiter,
+            limits,
+            admission,
+        }
+    }
+}
+
+fn client_id(id: &str) -> Result<&str, Status> {
+    if id.is_empty() || id.len() > MAX_CLIENT_ID {
+        return Err(Status::invalid_argument(format!(
+            "client_id: 1 to {MAX_CLIENT_ID} bytes"
+        )));
+    }
+    Ok(id)
+}
+
+#[tonic::async_trait]
+impl Allotments for AllotmentsService {
+    async fn allot(
+        &self,
+        request: Request<pb::AllotRequest>,
+    ) -> Result<Response<pb::AllotResponse>, Status> {
+        let budget = super::deadline::grpc_timeout(request.metadata());
+        let ask = request.into_inner();
+        let client = client_id(&ask.client_id)?;
+        let Some(mut r) = ask.request else {
+            return Err(Status::invalid_argument("request: required"));
+        };
+        let Ok(_admitted) = self.admission.admit() else {
+            let mut response = wire::overloaded();
+            response.request_id = r.request_id;
+            return Ok(Response::new(pb::AllotResponse {
+                response: Some(response),
+                granted: 0,
+                expires_in_us: 0,
+            }));
+        };
+        let check = wire::check_from_wire(&mut r, &self.limits);
+        let outcome = match check {
+            Ok(check) => {
+                self.limiter
+                    .allot(check, client, ask.demand, ask.unused, budget)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        let (mut response, granted, expires_in_us) = match outcome {
+            Ok(a) => (
+                wire::verdict_to_wire(&a.verdict, self.limiter.now()),
+                a.granted,
+                a.expires_in / 1_000,
+            ),
+            Err(e) => {
+                self.limiter.metrics().invalid(e.field);
+                (wire::error_to_wire(&e), 0, 0)
+            }
+        };
+        response.request_id = r.request_id;
+        response.metadata = r.metadata;
+        Ok(Response::new(pb::AllotResponse {
+            response: Some(response),
+            granted,
+            expires_in_us,
+        }))
+    }
+
+    async fn report(
+        &self,
+        request: Request<pb::ReportRequest>,
+    ) -> Result<Response<pb::ReportResponse>, Status> {
+        let report = request.into_inner();
+        let client = client_id(&report.client_id)?;
+        if report.sequence == 0 {
+            return Ok(Response::new(invalid("sequence", "starts at 1")));
+        }
+        if let Err(e) = self.admission.batch("spent", report.spent.len()) {
+            return Ok(Response::new(invalid("spent", &e.to_string())));
+        }
+        let checks = report
+            .spent
+            .into_iter()
+            .map(|mut r| wire::check_from_wire(&mut r, &self.limits))
+            .collect();
+        let ack = self.limiter.client_report(client, report.sequence, checks);
+        let (ack, errors) = match ack {
+            ClientAck::Applied(errors) => (pb::Ack::Applied, errors),
+            ClientAck::Duplicate => (pb::Ack::Duplicate, Vec::new()),
+            ClientAck::Retry => (pb::Ack::Retry, Vec::new()),
+        };
+        Ok(Response::new(pb::ReportResponse {
+            ack: ack as i32,
+            errors: errors
+                .iter()
+                .map(|e| pb::Error {
+                    code: tonic::Code::InvalidArgument as i32,
+                    field: e.field.to_string(),
+                    message: e.message.clone(),
+                })
+                .collect(),
+        }))
+    }
+}
+
+fn invalid(field: &str, message: &str) -> pb::ReportResponse {
+    pb::ReportResponse {
+        ack: pb::Ack::Invalid as i32,
+        errors: vec![pb::Error {
+            code: tonic::Code::InvalidArgument as i32,
+            field: field.into(),
+            message: message.into(),
+        }],
+    }
+}
