@@ -117,6 +117,7 @@ impl Decide for Sluice {
                 limit: 1_000,
                 per: Duration::from_secs(1),
             },
+            tiered: false,
         };
         let d = self.0.check(&check).await.ok()?;
         matches!(d.source, sluice_client::Source::Sluice { .. }).then_some(d.allowed)

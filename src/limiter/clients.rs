@@ -101,14 +101,22 @@ impl Limiter {
             }
             Some((took, g.expires.saturating_sub(now)))
         });
-        if let Some((granted, expires_in)) = grant
-            && granted > 0
-        {
-            let m = &self.shared.metrics.cluster;
-            m.client_grants.inc();
-            m.client_granted_tokens.inc_by(granted);
-            allotted.granted = granted;
-            allotted.expires_in = expires_in;
+        match grant {
+            Some((granted, expires_in)) if granted > 0 => {
+                let m = &self.shared.metrics.cluster;
+                m.client_grants.inc();
+                m.client_granted_tokens.inc_by(granted);
+                allotted.granted = granted;
+                allotted.expires_in = expires_in;
+            }
+            // Nothing granted on a refusal: the app refuses in process for
+            // an eighth of an allotment's life (as a node does when its
+            // owner had nothing) instead of sending every refusal of an
+            // exhausted key here. After an admission it asks again at once.
+            _ if allotted.verdict.status == super::Status::OverLimit => {
+                allotted.expires_in = self.shared.tiers.terms.ttl;
+            }
+            _ => {}
         }
         Ok(allotted)
     }

@@ -14,6 +14,7 @@
 //! client adds no wait and a busy one pays one RPC for many decisions
 //! (`batch.rs` says why it is the default, and what keeps a batch honest).
 
+mod allot;
 mod batch;
 mod local;
 pub mod middleware;
@@ -27,6 +28,7 @@ use sluice_api::v1::rate_limiter_client::RateLimiterClient;
 use tokio::sync::{mpsc, oneshot};
 use tonic::transport::{Channel, Endpoint};
 
+pub use allot::{AllotmentStats, DEFAULT_ALLOTMENT_KEYS, REPORT_EVERY};
 pub use batch::DEFAULT_BATCH;
 use batch::Queued;
 pub use local::LocalLimits;
@@ -40,6 +42,10 @@ pub struct Check {
     /// Cost; 0 reads without consuming.
     pub hits: u64,
     pub limit: Limit,
+    /// Tiered mode: decide on an allotment held in this process when one
+    /// covers it (`allot.rs`). Checks of a policy the node decides in
+    /// tiered mode use allotments without this.
+    pub tiered: bool,
 }
 
 /// The limit a check is decided against.
@@ -59,6 +65,7 @@ impl Check {
             key: key.into(),
             hits: 1,
             limit: Limit::Policy(policy.into()),
+            tiered: false,
         }
     }
 
@@ -69,6 +76,7 @@ impl Check {
             key: key.into(),
             hits: 1,
             limit: Limit::Inline { limit, per },
+            tiered: false,
         }
     }
 
@@ -77,11 +85,23 @@ impl Check {
         self
     }
 
+    /// Decide in tiered mode: on an allotment held in this process while
+    /// one covers the check, else by the node (which grants the next).
+    pub fn tiered(mut self) -> Check {
+        self.tiered = true;
+        self
+    }
+
     fn to_wire(&self) -> pb::RateLimitRequest {
         let mut r = pb::RateLimitRequest {
             name: self.name.clone(),
             unique_key: self.key.clone(),
             hits: Some(i64::try_from(self.hits).unwrap_or(i64::MAX)),
+            mode: if self.tiered {
+                pb::Mode::Tiered as i32
+            } else {
+                pb::Mode::Unspecified as i32
+            },
             ..Default::default()
         };
         match &self.limit {
@@ -125,6 +145,24 @@ pub struct Decision {
     /// The policy's name, or `name`, for headers.
     pub policy: String,
     pub source: Source,
+    /// Which path decided.
+    pub path: Path,
+}
+
+/// Which path decided a check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// The key's owner (the node asked, or the node it forwarded to).
+    Owner,
+    /// Tiered mode: an allotment, with no hop — this process's own, or the
+    /// node's.
+    LocalAllotment,
+    /// Tiered mode: the allotment could not cover it; decided exactly.
+    Slow,
+    /// The key's owner was unreachable: its `on_owner_unreachable`.
+    Fallback,
+    /// Sluice did not answer: this client's [`OnUnavailable`].
+    Unavailable,
 }
 
 /// Who decided.
@@ -169,9 +207,18 @@ pub struct Builder {
     deadline: Duration,
     on_unavailable: OnUnavailable,
     batch: Option<usize>,
+    allotment_keys: usize,
 }
 
 impl Builder {
+    /// Hold allotments of up to `max_keys` tiered keys in this process
+    /// (default [`DEFAULT_ALLOTMENT_KEYS`]); 0: never, every tiered check
+    /// goes to the node.
+    pub fn allotments(mut self, max_keys: usize) -> Builder {
+        self.allotment_keys = max_keys;
+        self
+    }
+
     /// How long a check may take before `on_unavailable` decides (default 5 ms).
     pub fn deadline(mut self, deadline: Duration) -> Builder {
         self.deadline = deadline;
@@ -213,6 +260,11 @@ impl Builder {
             [one] => one.connect_lazy(),
             _ => Channel::balance_list(endpoints.into_iter()),
         };
+        let allotter = (self.allotment_keys > 0).then(|| {
+            let a = Arc::new(allot::Allotter::new(channel.clone(), self.allotment_keys));
+            tokio::spawn(allot::report_loop(Arc::downgrade(&a), a.low.clone()));
+            a
+        });
         let rpc = RateLimiterClient::new(channel);
         let stats = Arc::new(Stats::default());
         let batcher = self.batch.map(|max| {
@@ -239,6 +291,7 @@ impl Builder {
                 on_unavailable: self.on_unavailable,
                 batcher,
                 stats,
+                allotter,
             }),
         })
     }
@@ -257,6 +310,7 @@ struct Inner {
     local: Option<local::Buckets>,
     batcher: Option<mpsc::Sender<Queued>>,
     stats: Arc<Stats>,
+    allotter: Option<Arc<allot::Allotter>>,
 }
 
 impl Client {
@@ -267,6 +321,7 @@ impl Client {
             deadline: Duration::from_millis(5),
             on_unavailable: OnUnavailable::Allow,
             batch: Some(DEFAULT_BATCH),
+            allotment_keys: DEFAULT_ALLOTMENT_KEYS,
         }
     }
 
@@ -274,9 +329,48 @@ impl Client {
         &self.inner.stats
     }
 
+    /// Figures of the allotments held in this process (None: off).
+    pub fn allotment_stats(&self) -> Option<&AllotmentStats> {
+        self.inner.allotter.as_deref().map(|a| &*a.stats)
+    }
+
+    /// Report every unreported allotment spending now (e.g. at shutdown),
+    /// within `within`; whether all of it was acknowledged.
+    pub async fn flush_allotments(&self, within: Duration) -> bool {
+        let Some(a) = &self.inner.allotter else {
+            return true;
+        };
+        tokio::time::timeout(within, async {
+            while !a.report().await {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .is_ok()
+    }
+
     /// Decide one check. An error only for a request Sluice refused as bad;
     /// an unreachable or slow Sluice is a decision (see [`OnUnavailable`]).
     pub async fn check(&self, check: &Check) -> Result<Decision, CheckError> {
+        if let Some(a) = &self.inner.allotter
+            && a.applies(check)
+        {
+            match a.spend(check) {
+                allot::Spend::Decided(d) => return Ok(d),
+                allot::Spend::Ask { demand, unused } => {
+                    let asked =
+                        tokio::time::timeout(self.inner.deadline, a.ask(check, demand, unused))
+                            .await;
+                    match asked {
+                        Ok(Ok(r)) => return self.decided(check, r),
+                        // This node serves no allotments: as usual below.
+                        Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {}
+                        _ => return Ok(self.unavailable(check)),
+                    }
+                }
+                allot::Spend::Bypass => {}
+            }
+        }
         let answer = tokio::time::timeout(self.inner.deadline, self.ask(check.to_wire())).await;
         match answer {
             Ok(Some(r)) => self.decided(check, r),
@@ -286,7 +380,19 @@ impl Client {
 
     /// Decide several checks in one `Check` call (e.g. the rules of one
     /// HTTP request), under one deadline; answers in order.
+    /// With a tiered check among them (allotments on), each is decided as
+    /// [`Client::check`] would, in order: those an allotment covers take no
+    /// call.
     pub async fn check_all(&self, checks: &[Check]) -> Vec<Result<Decision, CheckError>> {
+        if let Some(a) = &self.inner.allotter
+            && checks.iter().any(|c| a.applies(c))
+        {
+            let mut out = Vec::with_capacity(checks.len());
+            for c in checks {
+                out.push(self.check(c).await);
+            }
+            return out;
+        }
         let requests = checks.iter().map(Check::to_wire).collect();
         match tokio::time::timeout(self.inner.deadline, self.call(requests)).await {
             Ok(Some(responses)) if responses.len() == checks.len() => checks
@@ -312,6 +418,9 @@ impl Client {
             .stats
             .decided_by_sluice
             .fetch_add(1, Ordering::Relaxed);
+        if let Some(a) = &self.inner.allotter {
+            a.learn(check, r.path);
+        }
         from_wire(check, r)
     }
 
@@ -365,6 +474,7 @@ impl Client {
             window,
             policy: policy_name(check),
             source: Source::Unavailable,
+            path: Path::Unavailable,
         }
     }
 }
@@ -394,6 +504,12 @@ fn from_wire(check: &Check, r: pb::RateLimitResponse) -> Result<Decision, CheckE
         policy: policy_name(check),
         source: Source::Sluice {
             approximate: r.approximate,
+        },
+        path: match pb::Path::try_from(r.path) {
+            Ok(pb::Path::LocalAllotment) => Path::LocalAllotment,
+            Ok(pb::Path::Slow) => Path::Slow,
+            Ok(pb::Path::Fallback) => Path::Fallback,
+            _ => Path::Owner,
         },
     })
 }

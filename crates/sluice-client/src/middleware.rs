@@ -285,6 +285,7 @@ where
                 },
                 hits,
                 limit: rule.limit.clone(),
+                tiered: false,
             })
             .collect();
         Box::pin(async move {

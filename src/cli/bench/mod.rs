@@ -27,8 +27,10 @@ use crate::proto::v1::rate_limiter_client::RateLimiterClient;
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// sluice, or redis (a token-bucket Lua script by EVALSHA: the baseline).
-    #[arg(long, default_value = "sluice", value_parser = ["sluice", "redis"])]
+    /// sluice, client (through sluice-client, as an app calls: with
+    /// `--mode tiered`, on allotments held in this process), or redis (a
+    /// token-bucket Lua script by EVALSHA: the baseline).
+    #[arg(long, default_value = "sluice", value_parser = ["sluice", "client", "redis"])]
     target: String,
     /// Node gRPC addresses (or, for redis, one Redis host:port),
     /// comma-separated; calls go round-robin.
@@ -136,6 +138,8 @@ struct Tally {
 /// Where the calls go.
 enum Target {
     Sluice(Vec<RateLimiterClient<Channel>>),
+    /// The app library: one decision per call.
+    Client(sluice_client::Client),
     /// One connection per caller; a tokio Mutex, as a call holds it across
     /// its round trip (in the closed loop each caller has its own anyway).
     Redis(Vec<tokio::sync::Mutex<redis::Conn>>),
@@ -160,6 +164,10 @@ struct Run {
     /// start, in microseconds — the generator's own delay, before any
     /// network or server. When it is large, the latency is the generator's.
     late: Mutex<Histogram<u64>>,
+    /// The client target: each decision's time in the library, in ns (an
+    /// allotment decided in process takes a few µs; the latency histogram
+    /// counts whole µs).
+    decide_ns: Mutex<Histogram<u64>>,
     algorithm: i32,
 }
 
@@ -205,6 +213,7 @@ impl Run {
     async fn call(&self, n: u64, intended: Instant, rng: &mut fastrand::Rng) {
         let outcomes = match &self.target {
             Target::Sluice(clients) => self.call_sluice(clients, n, rng).await,
+            Target::Client(client) => self.call_client(client, rng).await,
             Target::Redis(conns) => self.call_redis(conns, n, rng).await,
         };
         let micros = intended.elapsed().as_micros() as u64;
@@ -258,6 +267,39 @@ impl Run {
         )
     }
 
+    async fn call_client(
+        &self,
+        client: &sluice_client::Client,
+        rng: &mut fastrand::Rng,
+    ) -> Option<Vec<(Outcome, bool)>> {
+        let mut check = sluice_client::Check::inline(
+            &self.args.name,
+            &self.unique_key(rng),
+            u64::try_from(self.args.limit).unwrap_or(0),
+            Duration::from_millis(u64::try_from(self.args.duration_ms).unwrap_or(0)),
+        );
+        if self.args.mode == "tiered" {
+            check = check.tiered();
+        }
+        let started = Instant::now();
+        let d = client.check(&check).await;
+        let ns = started.elapsed().as_nanos() as u64;
+        if let Ok(mut h) = self.decide_ns.lock() {
+            let _ = h.record(ns.max(1));
+        }
+        let outcome = match d {
+            Err(_) => (Outcome::Error, false),
+            Ok(d) => match d.source {
+                sluice_client::Source::Unavailable => (Outcome::Unavailable, false),
+                sluice_client::Source::Sluice { approximate } if d.allowed => {
+                    (Outcome::Admitted, approximate)
+                }
+                sluice_client::Source::Sluice { approximate } => (Outcome::Refused, approximate),
+            },
+        };
+        Some(vec![outcome])
+    }
+
     async fn call_redis(
         &self,
         conns: &[tokio::sync::Mutex<redis::Conn>],
@@ -303,6 +345,18 @@ pub async fn run(args: BenchArgs) -> CliResult {
             conns.push(tokio::sync::Mutex::new(redis::Conn::connect(addr).await?));
         }
         Target::Redis(conns)
+    } else if args.target == "client" {
+        if args.items > 1 {
+            return Err("--items: the client target decides one check per call".into());
+        }
+        if args.algorithm != "token_bucket" {
+            return Err("--algorithm: the client target sends inline token buckets".into());
+        }
+        let client = sluice_client::Client::builder(args.addr.iter().cloned())
+            .deadline(Duration::from_millis(100))
+            .build()
+            .map_err(|e| format!("--addr: {e}"))?;
+        Target::Client(client)
     } else {
         let mut clients = Vec::new();
         for addr in &args.addr {
@@ -316,6 +370,7 @@ pub async fn run(args: BenchArgs) -> CliResult {
         tally: Tally::default(),
         latency: Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 3)?),
         late: Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 3)?),
+        decide_ns: Mutex::new(Histogram::new_with_bounds(1, 60_000_000_000, 3)?),
         algorithm,
         args,
     });
@@ -327,7 +382,12 @@ pub async fn run(args: BenchArgs) -> CliResult {
         Some(rate) => open_loop(&run, rate, started, end).await,
     }
     progress.abort();
-    report(&run, started.elapsed());
+    let took = started.elapsed();
+    if let Target::Client(client) = &run.target {
+        // What was spent in process reaches the node before the run ends.
+        client.flush_allotments(Duration::from_secs(5)).await;
+    }
+    report(&run, took);
     Ok(())
 }
 
@@ -456,6 +516,27 @@ fn report(run: &Run, took: Duration) {
         // Open loop: the generator's own delay in starting each call.
         "late_us": { "p50": late_q(0.5), "p99": late_q(0.99), "p999": late_q(0.999) },
     });
+    let mut summary = summary;
+    if let Target::Client(client) = &run.target {
+        let d = run.decide_ns.lock().map(|h| h.clone()).ok();
+        let dq = |p: f64| d.as_ref().map_or(0, |h| h.value_at_quantile(p));
+        let a = client.allotment_stats();
+        let get_a = |f: fn(&sluice_client::AllotmentStats) -> &AtomicU64| {
+            a.map_or(0, |a| f(a).load(Ordering::Relaxed))
+        };
+        summary["client"] = serde_json::json!({
+            "decide_ns": { "p50": dq(0.5), "p99": dq(0.99), "p999": dq(0.999) },
+            "in_process_admitted": get_a(|a| &a.local_admitted),
+            "in_process_refused": get_a(|a| &a.local_refused),
+            "asks": get_a(|a| &a.asks),
+            "grants": get_a(|a| &a.grants),
+            "reports_sent": get_a(|a| &a.reports_sent),
+            "reports_applied": get_a(|a| &a.reports_applied),
+            "reports_duplicate": get_a(|a| &a.reports_duplicate),
+            "unreported_hits": get_a(|a| &a.unreported_hits),
+            "rpcs": client.stats().calls.load(Ordering::Relaxed),
+        });
+    }
     if run.args.json {
         println!("{summary}");
         return;
@@ -489,6 +570,9 @@ fn report(run: &Run, took: Duration) {
         q(0.999),
         h.as_ref().map_or(0, |h| h.max())
     );
+    if let Some(c) = summary.get("client") {
+        println!("client: {c}");
+    }
     if run.args.rate.is_some() {
         println!(
             "the generator's own delay in starting a call, µs: p50 {}  p99 {}  p99.9 {}",

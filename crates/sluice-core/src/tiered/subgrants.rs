@@ -103,9 +103,9 @@ impl SubGrants {
 
     /// Tokens granted to clients and not yet reported or returned.
     pub fn outstanding(&self, now: Nanos) -> u64 {
-        self.keys
-            .values()
-            .fold(0u64, |sum, l| sum.saturating_add(l.reserved(now, &self.terms)))
+        self.keys.values().fold(0u64, |sum, l| {
+            sum.saturating_add(l.reserved(now, &self.terms))
+        })
     }
 
     /// Make sure `client` is remembered (making room by forgetting the
@@ -178,9 +178,7 @@ impl SubGrants {
     /// The client demand of `key` (hits per second), for the node's own
     /// ask to the owner.
     pub fn demand(&self, key: &[u8], now: Nanos) -> u64 {
-        self.keys
-            .get(key)
-            .map_or(0, |l| l.demand(now, &self.terms))
+        self.keys.get(key).map_or(0, |l| l.demand(now, &self.terms))
     }
 
     /// Grant `client` a share of `key` from the node's live allotment of
@@ -221,7 +219,10 @@ impl SubGrants {
         if new_here && keys_held >= self.caps.max_keys_per_client.max(1) {
             return none;
         }
-        let terms = Terms { ttl: life, ..self.terms };
+        let terms = Terms {
+            ttl: life,
+            ..self.terms
+        };
         // At most half of what the node holds: the rest serves its other
         // callers and clients while this one spends.
         let remaining = (pool / 2).saturating_add(ledger.reserved(now, &terms));
@@ -347,7 +348,11 @@ mod tests {
         assert_eq!(s.grant(b"k4", "d", 100, pool, 250 * MS, 0).amount, 0);
         let later = 10_000 * MS;
         s.sweep(later);
-        assert!(s.grant(b"k4", "d", 100, pool, later + 250 * MS, later).amount > 0);
+        assert!(
+            s.grant(b"k4", "d", 100, pool, later + 250 * MS, later)
+                .amount
+                > 0
+        );
         assert!(s.clients() <= 3);
         assert!(s.len() <= 4);
     }

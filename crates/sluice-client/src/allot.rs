@@ -1,0 +1,448 @@
+//! Allotments decided in this process (issue 23): tiered mode one step
+//! further out.
+//!
+//! For a key in tiered mode the node this client talks to passes on part
+//! of its own allotment (`sluice.v1.Allotments/Allot`): tokens this process
+//! may spend without asking, until an expiry. A check they cover is decided
+//! here — no RPC — by the same `Allotments` code a node runs
+//! (`sluice-core`), and answered `approximate` with `path =
+//! LocalAllotment`, `remaining` being this allotment. A check they do not
+//! cover asks the node, which decides it exactly and grants the next
+//! allotment, taking back what was left of the last.
+//!
+//! What was spent is reported asynchronously (`Report`), every
+//! [`REPORT_EVERY`] or sooner when an allotment runs low, one report in
+//! flight, resent unchanged until acknowledged: the node applies each
+//! `(client id, sequence)` once, so a lost acknowledgement never counts
+//! twice. The node reports it on to the key's owner under its own id.
+//!
+//! The app is inside the limit's trust boundary: one that does not report
+//! admits beyond the limit by at most what it was granted.
+//!
+//! Bounded: keys with allotments ([`crate::Builder::allotments`]), keys with
+//! unreported spending (as many; a key beyond it is decided by the node),
+//! items per report.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use sluice_api::v1 as pb;
+use sluice_api::v1::allotments_client::AllotmentsClient;
+use sluice_core::tiered::{Allotments, Grant, Local};
+use tonic::transport::Channel;
+
+use crate::{Check, Decision, Limit, Path, Source};
+
+/// Keys a client holds allotments of, unless told otherwise.
+pub const DEFAULT_ALLOTMENT_KEYS: usize = 10_000;
+
+/// How often spending is reported (the node's
+/// `cluster.client_allotments.report_interval` must be at least this).
+pub const REPORT_EVERY: Duration = Duration::from_millis(50);
+
+/// Items per report (a node refuses more than `limits.max_batch`, 1,000 by
+/// default).
+const REPORT_ITEMS: usize = 500;
+
+/// How long a report may take before it is resent.
+const REPORT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Policies learned to be tiered, remembered at most.
+const MAX_POLICIES: usize = 1_024;
+
+/// Figures of this client's allotments (the app's metrics hook reads them).
+#[derive(Debug, Default)]
+pub struct AllotmentStats {
+    /// Checks decided in process: admitted, refused.
+    pub local_admitted: AtomicU64,
+    pub local_refused: AtomicU64,
+    /// Asks sent to the node (each decides one check exactly).
+    pub asks: AtomicU64,
+    /// Grants received, and their tokens.
+    pub grants: AtomicU64,
+    pub granted_tokens: AtomicU64,
+    /// Reports sent (resends included), and how they were acknowledged.
+    pub reports_sent: AtomicU64,
+    pub reports_applied: AtomicU64,
+    pub reports_duplicate: AtomicU64,
+    pub reports_invalid: AtomicU64,
+    /// Hits spent in process and not yet acknowledged (a gauge).
+    pub unreported_hits: AtomicU64,
+}
+
+/// What this client knows of one allotted key.
+struct Key {
+    /// The request the key was asked with (hits unset): what its spending
+    /// is reported under.
+    request: pb::RateLimitRequest,
+    limit: u64,
+    window: Duration,
+}
+
+struct Table {
+    allotments: Allotments,
+    keys: HashMap<Arc<[u8]>, Key>,
+    /// Policies whose answers came from tiered mode: their checks use
+    /// allotments with no change in the app.
+    tiered_policies: HashSet<String>,
+    /// Spent since the last report was cut.
+    pending: HashMap<Arc<[u8]>, u64>,
+    /// The report cut and not yet acknowledged, and its hits.
+    in_flight: Option<(pb::ReportRequest, u64)>,
+    next_seq: u64,
+}
+
+/// The allotments of one client; shared by its handles and its reporter.
+pub(crate) struct Allotter {
+    id: String,
+    rpc: AllotmentsClient<Channel>,
+    started: Instant,
+    /// Off once a node answers UNIMPLEMENTED (it serves no allotments).
+    on: AtomicBool,
+    max_keys: usize,
+    /// A std mutex: held for a map lookup and some arithmetic, never
+    /// across an await.
+    table: Mutex<Table>,
+    /// One report exchange at a time (the reporter's, or a flush asked for
+    /// by the app): a tokio mutex, as it is held across the call.
+    reporting: tokio::sync::Mutex<()>,
+    /// An allotment ran low: report now, not at the next tick.
+    pub(crate) low: Arc<tokio::sync::Notify>,
+    pub(crate) stats: Arc<AllotmentStats>,
+}
+
+/// What the table says about one check.
+pub(crate) enum Spend {
+    /// Decided here.
+    Decided(Decision),
+    /// Ask the node, with this demand, giving back this much.
+    Ask { demand: u64, unused: u64 },
+    /// Not for allotments (a bound is reached): decide it as usual.
+    Bypass,
+}
+
+/// The table's key for a counter: name and key, length-prefixed (as the
+/// node's), so ("a/b","c") and ("a","b/c") differ.
+fn encode(check: &Check) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + check.name.len() + check.key.len());
+    k.extend_from_slice(&(check.name.len() as u64).to_le_bytes());
+    k.extend_from_slice(check.name.as_bytes());
+    k.extend_from_slice(check.key.as_bytes());
+    k
+}
+
+/// An id for this client: random enough that two processes never share
+/// one (the node applies reports once per id and sequence), from the
+/// process id, the time and std's randomly seeded hasher.
+fn client_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    h.write_u128(nanos);
+    let a = h.finish();
+    h.write_u64(a);
+    format!("{:016x}{:016x}-{}", a, h.finish(), std::process::id())
+}
+
+impl Allotter {
+    pub(crate) fn new(channel: Channel, max_keys: usize) -> Allotter {
+        Allotter {
+            id: client_id(),
+            rpc: AllotmentsClient::new(channel),
+            started: Instant::now(),
+            on: AtomicBool::new(true),
+            max_keys: max_keys.max(1),
+            table: Mutex::new(Table {
+                allotments: Allotments::new(max_keys.max(1)),
+                keys: HashMap::new(),
+                tiered_policies: HashSet::new(),
+                pending: HashMap::new(),
+                in_flight: None,
+                next_seq: 1,
+            }),
+            reporting: tokio::sync::Mutex::new(()),
+            low: Arc::new(tokio::sync::Notify::new()),
+            stats: Arc::new(AllotmentStats::default()),
+        }
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// This process's monotonic time, in ns since the client was built.
+    fn now(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether `check` is decided on allotments: asked tiered, or of a
+    /// policy the node decides in tiered mode.
+    pub(crate) fn applies(&self, check: &Check) -> bool {
+        if !self.on.load(Ordering::Relaxed) {
+            return false;
+        }
+        check.tiered
+            || match &check.limit {
+                Limit::Policy(p) => self.table().tiered_policies.contains(p),
+                Limit::Inline { .. } => false,
+            }
+    }
+
+    /// The node answered a check of `policy` from tiered mode: its later
+    /// checks use allotments.
+    pub(crate) fn learn(&self, check: &Check, path: i32) {
+        let tiered = path == pb::Path::LocalAllotment as i32 || path == pb::Path::Slow as i32;
+        if let (true, Limit::Policy(p)) = (tiered, &check.limit) {
+            let mut t = self.table();
+            if t.tiered_policies.len() < MAX_POLICIES && !t.tiered_policies.contains(p) {
+                t.tiered_policies.insert(p.clone());
+            }
+        }
+    }
+
+    /// Spend `check` from its allotment, or say what to ask.
+    pub(crate) fn spend(&self, check: &Check) -> Spend {
+        let k = encode(check);
+        let now = self.now();
+        let mut t = self.table();
+        if !t.pending.contains_key(&k[..]) && t.pending.len() >= self.max_keys {
+            return Spend::Bypass;
+        }
+        match t.allotments.spend(&k, check.hits, now) {
+            Local::Admitted { left, low } => {
+                let Some(key) = t.keys.get(&k[..]) else {
+                    // Tokens with no answer to shape: cannot happen (a
+                    // grant comes with its key); ask the node.
+                    return Spend::Ask {
+                        demand: 0,
+                        unused: 0,
+                    };
+                };
+                let decision = Decision {
+                    allowed: true,
+                    limit: key.limit,
+                    remaining: left,
+                    retry_after: None,
+                    reset_after: key.window,
+                    window: key.window,
+                    policy: crate::policy_name(check),
+                    source: Source::Sluice { approximate: true },
+                    path: Path::LocalAllotment,
+                };
+                if check.hits > 0 {
+                    let k: Arc<[u8]> = Arc::from(k);
+                    *t.pending.entry(k).or_insert(0) += check.hits;
+                    self.stats
+                        .unreported_hits
+                        .fetch_add(check.hits, Ordering::Relaxed);
+                }
+                drop(t);
+                self.stats.local_admitted.fetch_add(1, Ordering::Relaxed);
+                if low {
+                    self.low.notify_one();
+                }
+                Spend::Decided(decision)
+            }
+            Local::Refused { retry_after } => {
+                let (limit, window) = t
+                    .keys
+                    .get(&k[..])
+                    .map_or((0, Duration::from_secs(1)), |key| (key.limit, key.window));
+                drop(t);
+                self.stats.local_refused.fetch_add(1, Ordering::Relaxed);
+                let retry_after = Duration::from_nanos(retry_after);
+                Spend::Decided(Decision {
+                    allowed: false,
+                    limit,
+                    remaining: 0,
+                    retry_after: Some(retry_after),
+                    reset_after: window,
+                    window,
+                    policy: crate::policy_name(check),
+                    source: Source::Sluice { approximate: true },
+                    path: Path::LocalAllotment,
+                })
+            }
+            Local::Ask { demand, unused } => Spend::Ask { demand, unused },
+        }
+    }
+
+    /// Ask the node: decide `check` and grant the next allotment. `Err`
+    /// with the status when the call failed (the caller decides).
+    pub(crate) async fn ask(
+        &self,
+        check: &Check,
+        demand: u64,
+        unused: u64,
+    ) -> Result<pb::RateLimitResponse, tonic::Status> {
+        self.stats.asks.fetch_add(1, Ordering::Relaxed);
+        let mut request = check.to_wire();
+        request.mode = pb::Mode::Tiered as i32;
+        // The grant's life is counted from before the call: this process
+        // stops spending before the node stops counting the tokens.
+        let sent = self.now();
+        let mut rpc = self.rpc.clone();
+        let answer = rpc
+            .allot(pb::AllotRequest {
+                client_id: self.id.clone(),
+                request: Some(request.clone()),
+                demand,
+                unused,
+            })
+            .await;
+        let answer = match answer {
+            Ok(a) => a.into_inner(),
+            Err(status) => {
+                if status.code() == tonic::Code::Unimplemented {
+                    self.on.store(false, Ordering::Relaxed);
+                }
+                return Err(status);
+            }
+        };
+        let response = answer
+            .response
+            .ok_or_else(|| tonic::Status::internal("an Allot answer with no response"))?;
+        if response.error.is_none() {
+            let k = encode(check);
+            let grant = Grant {
+                amount: answer.granted,
+                expires: sent.saturating_add(answer.expires_in_us.saturating_mul(1_000)),
+            };
+            let mut t = self.table();
+            request.hits = None;
+            let key = Key {
+                request,
+                limit: u64::try_from(response.limit).unwrap_or(0),
+                window: Duration::from_millis(u64::try_from(response.window_ms).unwrap_or(0)),
+            };
+            if t.keys.len() >= self.max_keys.saturating_mul(2) && !t.keys.contains_key(&k[..]) {
+                prune(&mut t);
+            }
+            if t.keys.len() < self.max_keys.saturating_mul(2) || t.keys.contains_key(&k[..]) {
+                t.keys.insert(Arc::from(&k[..]), key);
+                t.allotments.granted(&k, grant, self.now());
+                if grant.amount > 0 {
+                    self.stats.grants.fetch_add(1, Ordering::Relaxed);
+                    self.stats
+                        .granted_tokens
+                        .fetch_add(grant.amount, Ordering::Relaxed);
+                }
+            }
+        }
+        Ok(response)
+    }
+
+    /// Report what was spent (the report in flight first, unchanged).
+    /// Returns whether nothing is left unacknowledged.
+    pub(crate) async fn report(&self) -> bool {
+        let _one = self.reporting.lock().await;
+        let report = {
+            let mut t = self.table();
+            if t.in_flight.is_none() {
+                cut(&mut t, &self.id);
+            }
+            match &t.in_flight {
+                Some((r, _)) => r.clone(),
+                None => return true,
+            }
+        };
+        self.stats.reports_sent.fetch_add(1, Ordering::Relaxed);
+        let mut rpc = self.rpc.clone();
+        let ack = match tokio::time::timeout(REPORT_TIMEOUT, rpc.report(report)).await {
+            Ok(Ok(r)) => r.into_inner().ack,
+            _ => return false,
+        };
+        let done = if ack == pb::Ack::Applied as i32 {
+            &self.stats.reports_applied
+        } else if ack == pb::Ack::Duplicate as i32 {
+            &self.stats.reports_duplicate
+        } else if ack == pb::Ack::Invalid as i32 {
+            &self.stats.reports_invalid
+        } else {
+            // Retry (or an answer this client does not know): resend.
+            return false;
+        };
+        done.fetch_add(1, Ordering::Relaxed);
+        let mut t = self.table();
+        if let Some((_, hits)) = t.in_flight.take() {
+            self.stats.unreported_hits.fetch_sub(
+                hits.min(self.stats.unreported_hits.load(Ordering::Relaxed)),
+                Ordering::Relaxed,
+            );
+        }
+        t.in_flight.is_none() && t.pending.is_empty()
+    }
+}
+
+/// Cut the next report from what is pending (at most [`REPORT_ITEMS`]).
+fn cut(t: &mut Table, client_id: &str) {
+    if t.pending.is_empty() {
+        return;
+    }
+    let keys: Vec<Arc<[u8]>> = t.pending.keys().take(REPORT_ITEMS).cloned().collect();
+    let mut spent = Vec::with_capacity(keys.len());
+    let mut total = 0u64;
+    for k in keys {
+        let Some(hits) = t.pending.remove(&k) else {
+            continue;
+        };
+        let Some(key) = t.keys.get(&k) else {
+            continue;
+        };
+        let mut r = key.request.clone();
+        r.hits = Some(i64::try_from(hits).unwrap_or(i64::MAX));
+        total = total.saturating_add(hits);
+        spent.push(r);
+    }
+    let seq = t.next_seq;
+    t.next_seq += 1;
+    t.in_flight = Some((
+        pb::ReportRequest {
+            client_id: client_id.to_string(),
+            sequence: seq,
+            spent,
+        },
+        total,
+    ));
+}
+
+/// Forget what is known of keys with no allotment left and nothing to
+/// report.
+fn prune(t: &mut Table) {
+    let Table {
+        allotments,
+        keys,
+        pending,
+        in_flight,
+        ..
+    } = t;
+    let reporting: HashSet<(String, String)> = in_flight
+        .iter()
+        .flat_map(|(r, _)| r.spent.iter())
+        .map(|r| (r.name.clone(), r.unique_key.clone()))
+        .collect();
+    keys.retain(|k, key| {
+        allotments.contains(k)
+            || pending.contains_key(k)
+            || reporting.contains(&(key.request.name.clone(), key.request.unique_key.clone()))
+    });
+}
+
+/// Report every [`REPORT_EVERY`], or when an allotment runs low (`low`),
+/// until the client is gone. Holds the allotter only while reporting: the
+/// client's last handle going ends the loop.
+pub(crate) async fn report_loop(allotter: Weak<Allotter>, low: Arc<tokio::sync::Notify>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(REPORT_EVERY) => {}
+            _ = low.notified() => {}
+        }
+        let Some(a) = allotter.upgrade() else { return };
+        a.report().await;
+    }
+}
