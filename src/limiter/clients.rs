@@ -94,29 +94,21 @@ impl Limiter {
             let mut subgrants = tiers.subgrants()?;
             let (pool, node_expires) = allotments.live(k, now)?;
             let g = subgrants.grant(k, client, demand, pool, node_expires, now);
-            // At most half the pool: all of it is there to take.
+            // At most the pool: all of it is there to take.
             let took = allotments.take(k, g.amount, now);
             if took < g.amount {
                 subgrants.give_back(k, client, g.amount - took);
             }
             Some((took, g.expires.saturating_sub(now)))
         });
-        match grant {
-            Some((granted, expires_in)) if granted > 0 => {
-                let m = &self.shared.metrics.cluster;
-                m.client_grants.inc();
-                m.client_granted_tokens.inc_by(granted);
-                allotted.granted = granted;
-                allotted.expires_in = expires_in;
-            }
-            // Nothing granted on a refusal: the app refuses in process for
-            // an eighth of an allotment's life (as a node does when its
-            // owner had nothing) instead of sending every refusal of an
-            // exhausted key here. After an admission it asks again at once.
-            _ if allotted.verdict.status == super::Status::OverLimit => {
-                allotted.expires_in = self.shared.tiers.terms.ttl;
-            }
-            _ => {}
+        if let Some((granted, expires_in)) = grant
+            && granted > 0
+        {
+            let m = &self.shared.metrics.cluster;
+            m.client_grants.inc();
+            m.client_granted_tokens.inc_by(granted);
+            allotted.granted = granted;
+            allotted.expires_in = expires_in;
         }
         Ok(allotted)
     }
@@ -170,14 +162,9 @@ impl Limiter {
                     continue;
                 }
                 key::with_encoded(&check.name, &check.unique_key, |k| {
-                    let tiers = &self.shared.tiers;
-                    let mut allotments = tiers.allotments();
-                    if let Some(mut subgrants) = tiers.subgrants() {
+                    if let Some(mut subgrants) = self.shared.tiers.subgrants() {
                         subgrants.reported(k, client, hits);
                     }
-                    // The node's next ask is sized for its apps' spending.
-                    allotments.see(k, hits, now);
-                    drop(allotments);
                     self.shared.leases.record(k, &spec, hits, now);
                 });
             }

@@ -74,9 +74,15 @@ impl Tiers {
             .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
-    /// The apps' demand for `k`, added to this node's own when it asks.
-    fn client_demand(&self, k: &[u8], now: Nanos) -> u64 {
-        self.subgrants().map_or(0, |s| s.demand(k, now))
+    /// What this node says its demand for `k` is when it asks: its own
+    /// callers', or its apps' (each app measures every check it sees) if
+    /// more. Not their sum: an app's asks are this node's callers too, so
+    /// the sum would count them twice and tilt the owner's split towards
+    /// nodes whose apps ask often rather than towards demand. (Direct
+    /// callers beside apps are then under-counted: smaller grants, never
+    /// more than the limit.)
+    fn asking_demand(&self, k: &[u8], own: u64, now: Nanos) -> u64 {
+        own.max(self.subgrants().map_or(0, |s| s.demand(k, now)))
     }
 
     fn ledgers(&self) -> MutexGuard<'_, Ledgers> {
@@ -236,7 +242,7 @@ impl Limiter {
             }
             Local::Ask { demand, unused } => {
                 let demand = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
-                    demand.saturating_add(self.tiers().client_demand(k, now))
+                    self.tiers().asking_demand(k, demand, now)
                 });
                 Err((owner, crate::cluster::peers::TieredAsk { demand, unused }))
             }
@@ -306,7 +312,7 @@ impl Limiter {
                 Local::Ask { demand, unused } => {
                     let ask = Ask {
                         edge: me.to_string(),
-                        demand: demand.saturating_add(self.tiers().client_demand(k, now)),
+                        demand: self.tiers().asking_demand(k, demand, now),
                         unused,
                     };
                     let (d, grant) = self.decide_reserving(k, &r.spec, req, t, now, Some(&ask))?;

@@ -147,6 +147,8 @@ pub struct Decision {
     pub source: Source,
     /// Which path decided.
     pub path: Path,
+    /// Decided in this process, on its allotment (no call).
+    pub in_process: bool,
 }
 
 /// Which path decided a check.
@@ -355,20 +357,37 @@ impl Client {
         if let Some(a) = &self.inner.allotter
             && a.applies(check)
         {
-            match a.spend(check) {
-                allot::Spend::Decided(d) => return Ok(d),
-                allot::Spend::Ask { demand, unused } => {
-                    let asked =
-                        tokio::time::timeout(self.inner.deadline, a.ask(check, demand, unused))
-                            .await;
-                    match asked {
-                        Ok(Ok(r)) => return self.decided(check, r),
-                        // This node serves no allotments: as usual below.
-                        Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {}
-                        _ => return Ok(self.unavailable(check)),
+            let until = tokio::time::Instant::now() + self.inner.deadline;
+            // Spend; or wait for the key's ask in flight and spend again
+            // (a few times at most: each wait is for an answer that came).
+            for _ in 0..4 {
+                match a.spend(check) {
+                    allot::Spend::Decided(d) => return Ok(d),
+                    allot::Spend::Ask {
+                        demand,
+                        unused,
+                        asking,
+                    } => {
+                        let asked =
+                            tokio::time::timeout_at(until, a.ask(check, demand, unused)).await;
+                        drop(asking);
+                        return match asked {
+                            Ok(Ok(r)) => self.decided(check, r),
+                            // This node serves no allotments: as usual.
+                            Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => break,
+                            _ => Ok(self.unavailable(check)),
+                        };
                     }
+                    allot::Spend::Wait(mut done) => {
+                        if tokio::time::timeout_at(until, done.changed())
+                            .await
+                            .is_err()
+                        {
+                            return Ok(self.unavailable(check));
+                        }
+                    }
+                    allot::Spend::Bypass => break,
                 }
-                allot::Spend::Bypass => {}
             }
         }
         let answer = tokio::time::timeout(self.inner.deadline, self.ask(check.to_wire())).await;
@@ -475,6 +494,7 @@ impl Client {
             policy: policy_name(check),
             source: Source::Unavailable,
             path: Path::Unavailable,
+            in_process: false,
         }
     }
 }
@@ -511,5 +531,6 @@ fn from_wire(check: &Check, r: pb::RateLimitResponse) -> Result<Decision, CheckE
             Ok(pb::Path::Fallback) => Path::Fallback,
             _ => Path::Owner,
         },
+        in_process: false,
     })
 }

@@ -168,6 +168,8 @@ struct Run {
     /// allotment decided in process takes a few µs; the latency histogram
     /// counts whole µs).
     decide_ns: Mutex<Histogram<u64>>,
+    /// The same, of the decisions made in process (no call).
+    in_process_ns: Mutex<Histogram<u64>>,
     algorithm: i32,
 }
 
@@ -287,6 +289,11 @@ impl Run {
         if let Ok(mut h) = self.decide_ns.lock() {
             let _ = h.record(ns.max(1));
         }
+        if d.as_ref().is_ok_and(|d| d.in_process)
+            && let Ok(mut h) = self.in_process_ns.lock()
+        {
+            let _ = h.record(ns.max(1));
+        }
         let outcome = match d {
             Err(_) => (Outcome::Error, false),
             Ok(d) => match d.source {
@@ -371,6 +378,7 @@ pub async fn run(args: BenchArgs) -> CliResult {
         latency: Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 3)?),
         late: Mutex::new(Histogram::new_with_bounds(1, 60_000_000, 3)?),
         decide_ns: Mutex::new(Histogram::new_with_bounds(1, 60_000_000_000, 3)?),
+        in_process_ns: Mutex::new(Histogram::new_with_bounds(1, 60_000_000_000, 3)?),
         algorithm,
         args,
     });
@@ -520,16 +528,20 @@ fn report(run: &Run, took: Duration) {
     if let Target::Client(client) = &run.target {
         let d = run.decide_ns.lock().map(|h| h.clone()).ok();
         let dq = |p: f64| d.as_ref().map_or(0, |h| h.value_at_quantile(p));
+        let l = run.in_process_ns.lock().map(|h| h.clone()).ok();
+        let lq = |p: f64| l.as_ref().map_or(0, |h| h.value_at_quantile(p));
         let a = client.allotment_stats();
         let get_a = |f: fn(&sluice_client::AllotmentStats) -> &AtomicU64| {
             a.map_or(0, |a| f(a).load(Ordering::Relaxed))
         };
         summary["client"] = serde_json::json!({
             "decide_ns": { "p50": dq(0.5), "p99": dq(0.99), "p999": dq(0.999) },
+            "in_process_ns": { "p50": lq(0.5), "p99": lq(0.99), "p999": lq(0.999) },
             "in_process_admitted": get_a(|a| &a.local_admitted),
             "in_process_refused": get_a(|a| &a.local_refused),
             "asks": get_a(|a| &a.asks),
             "grants": get_a(|a| &a.grants),
+            "granted_tokens": get_a(|a| &a.granted_tokens),
             "reports_sent": get_a(|a| &a.reports_sent),
             "reports_applied": get_a(|a| &a.reports_applied),
             "reports_duplicate": get_a(|a| &a.reports_duplicate),

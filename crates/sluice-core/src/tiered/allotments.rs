@@ -285,14 +285,6 @@ impl Allotments {
         }
     }
 
-    /// Count `hits` of demand spent elsewhere from this allotment's
-    /// tokens (an app's sub-grant): the next ask is sized for them too.
-    pub fn see(&mut self, key: &[u8], hits: u64, now: Nanos) {
-        if let Some(a) = self.keys.get_mut(key) {
-            a.see(hits, now);
-        }
-    }
-
     /// Drop every allotment's tokens (demand meters stay). A ring change,
     /// not a request: the one walk over the table here.
     pub fn forget(&mut self) {

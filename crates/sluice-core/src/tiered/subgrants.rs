@@ -16,7 +16,8 @@
 //!
 //! Bounds, all a client controls: keys with sub-grants, clients, clients
 //! per key (the ledger's `max_edges`), keys per client. A sub-grant is at
-//! most half of what the node holds, and ends before the node's own
+//! most the client's demand over its life, and its demand's share of what
+//! the node holds; it ends before the node's own
 //! allotment does by a client report interval, so the app's last report
 //! can reach the node — and the node's the owner — within the owner's
 //! grace.
@@ -223,9 +224,10 @@ impl SubGrants {
             ttl: life,
             ..self.terms
         };
-        // At most half of what the node holds: the rest serves its other
-        // callers and clients while this one spends.
-        let remaining = (pool / 2).saturating_add(ledger.reserved(now, &terms));
+        // The pool is split among the clients by demand (the ledger's
+        // share), none of it kept back: a node's own callers of the key are
+        // the clients' asks, which spend from the node's next allotment.
+        let remaining = pool.saturating_add(ledger.reserved(now, &terms));
         let g = ledger.grant(client, demand, remaining, 1, now, &terms);
         if new_here
             && ledger.knows(client)
@@ -297,10 +299,10 @@ mod tests {
     }
 
     #[test]
-    fn a_grant_is_at_most_half_the_pool_and_ends_before_the_node_allotment() {
+    fn a_grant_is_at_most_the_pool_and_ends_before_the_node_allotment() {
         let mut s = subgrants();
         let g = s.grant(b"k", "a", 1_000_000, 100, 250 * MS, 0);
-        assert_eq!(g.amount, 50);
+        assert_eq!(g.amount, 100);
         assert_eq!(g.expires, 200 * MS);
         let g = s.grant(b"k", "a", 1_000_000, 100, 120 * MS, 10 * MS);
         assert_eq!(g.expires, 70 * MS, "the node's allotment ends at 120 ms");
@@ -318,6 +320,7 @@ mod tests {
         // A give-back beyond what it holds returns only what it held.
         assert_eq!(s.give_back(b"k", "a", 1_000), g.amount - 15);
         let g2 = s.grant(b"k", "a", 1_000_000, 40, 250 * MS, 0);
+        assert_eq!(g2.amount, 40);
         assert!(s.sweep(g2.expires + 149 * MS).is_empty());
         let released = s.sweep(g2.expires + 150 * MS);
         assert_eq!(released, vec![(Arc::from(&b"k"[..]), g2.amount)]);
