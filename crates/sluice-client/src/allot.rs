@@ -47,6 +47,10 @@ pub const REPORT_EVERY: Duration = Duration::from_millis(50);
 /// default).
 const REPORT_ITEMS: usize = 500;
 
+/// A check that waited for its key's ask and still finds no tokens is
+/// refused with this `retry_after` (ns): about a round trip to the node.
+const REFUSED_AFTER_WAIT: u64 = 1_000_000;
+
 /// How long a report may take before it is resent.
 const REPORT_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -281,7 +285,12 @@ impl Allotter {
     }
 
     /// Spend `check` from its allotment, or say what to ask.
-    pub(crate) fn spend(&self, check: &Check) -> Spend<'_> {
+    /// `waited`: this check already waited for an ask of its key, whose
+    /// answer is in: what it left cannot cover the check, so it is refused
+    /// here rather than asked again (an app's checks that arrive during
+    /// one ask are decided by that ask's grant, as a node's callers are by
+    /// its own).
+    pub(crate) fn spend(&self, check: &Check, waited: bool) -> Spend<'_> {
         let k = encode(check);
         let now = self.now();
         let mut t = self.table();
@@ -305,7 +314,7 @@ impl Allotter {
                     policy: crate::policy_name(check),
                     source: Source::Sluice { approximate: true },
                     path: Path::LocalAllotment,
-                    in_process: true,
+                    in_process: !waited,
                 };
                 if check.hits > 0 {
                     let k: Arc<[u8]> = Arc::from(k);
@@ -323,7 +332,7 @@ impl Allotter {
             }
             Local::Refused { retry_after } => {
                 drop(t);
-                Spend::Decided(self.refused(check, retry_after))
+                Spend::Decided(self.refused(check, retry_after, waited))
             }
             Local::Ask { demand, unused } => {
                 if let Some((left, until)) = t.cooling.get_mut(&k[..])
@@ -334,7 +343,13 @@ impl Allotter {
                     let retry_after = *until - now;
                     keep_unused(&mut t, &k, unused, now);
                     drop(t);
-                    return Spend::Decided(self.refused(check, retry_after));
+                    return Spend::Decided(self.refused(check, retry_after, waited));
+                }
+                if waited {
+                    keep_unused(&mut t, &k, unused, now);
+                    drop(t);
+                    // Asked a moment ago: try again after about a round trip.
+                    return Spend::Decided(self.refused(check, REFUSED_AFTER_WAIT, true));
                 }
                 t.cooling.remove(&k[..]);
                 if let Some((_, done)) = t.asking.get(&k[..]) {
@@ -361,8 +376,8 @@ impl Allotter {
         }
     }
 
-    /// A refusal decided here.
-    fn refused(&self, check: &Check, retry_after: u64) -> Decision {
+    /// A refusal decided here (`waited`: after waiting for an ask).
+    fn refused(&self, check: &Check, retry_after: u64, waited: bool) -> Decision {
         let (limit, window) = self
             .table()
             .keys
@@ -379,7 +394,7 @@ impl Allotter {
             policy: crate::policy_name(check),
             source: Source::Sluice { approximate: true },
             path: Path::LocalAllotment,
-            in_process: true,
+            in_process: !waited,
         }
     }
 

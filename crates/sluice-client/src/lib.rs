@@ -147,7 +147,9 @@ pub struct Decision {
     pub source: Source,
     /// Which path decided.
     pub path: Path,
-    /// Decided in this process, on its allotment (no call).
+    /// Decided in this process, on its allotment, with no call and no wait
+    /// for one (a check that waited for its key's ask in flight and was
+    /// then decided on what it brought says false).
     pub in_process: bool,
 }
 
@@ -358,10 +360,11 @@ impl Client {
             && a.applies(check)
         {
             let until = tokio::time::Instant::now() + self.inner.deadline;
-            // Spend; or wait for the key's ask in flight and spend again
-            // (a few times at most: each wait is for an answer that came).
-            for _ in 0..4 {
-                match a.spend(check) {
+            // Spend; or wait for the key's ask in flight and spend what it
+            // brought (refused here if it cannot cover the check).
+            let mut waited = false;
+            loop {
+                match a.spend(check, waited) {
                     allot::Spend::Decided(d) => return Ok(d),
                     allot::Spend::Ask {
                         demand,
@@ -385,6 +388,7 @@ impl Client {
                         {
                             return Ok(self.unavailable(check));
                         }
+                        waited = true;
                     }
                     allot::Spend::Bypass => break,
                 }
