@@ -17,6 +17,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::procs::{BIN, Proc, ports, rings_are, spawn};
+use common::under;
 use sluice::proto::v1 as pb;
 use sluice::proto::v1::allotments_client::AllotmentsClient;
 
@@ -140,8 +141,9 @@ async fn three_apps_on_one_hot_key_stay_within_five_percent_and_decide_in_proces
         admitted as f64 >= 0.8 * reference,
         "the limit is served: admitted {admitted} of exact {reference:.0}"
     );
+    // Most decisions made in the apps (84% seen; the bench's figure).
     assert!(
-        in_process * 10 >= decisions * 8,
+        in_process * 3 >= decisions * 2,
         "most decisions in the apps: {in_process} of {decisions}"
     );
     let owner_side: f64 = {
@@ -320,6 +322,20 @@ async fn a_report_resent_after_a_lost_acknowledgement_counts_once() {
         mode: pb::Mode::Tiered as i32,
         ..common::inline("dup", "k", 100, 3_600_000)
     };
+    // The app is passed an allotment of the key first: a node counts
+    // reports only of keys it passed on to that app. Its ask spends 1.
+    let allot = rpc
+        .allot(pb::AllotRequest {
+            client_id: "app-under-test".into(),
+            request: Some(spent(1)),
+            demand: 100,
+            unused: 0,
+            unreported: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(under(allot.response.as_ref().unwrap()), "{allot:?}");
     let report = pb::ReportRequest {
         client_id: "app-under-test".into(),
         sequence: 1,
@@ -337,8 +353,8 @@ async fn a_report_resent_after_a_lost_acknowledgement_counts_once() {
     };
     let next = rpc.report(next).await.unwrap().into_inner();
     assert_eq!(next.ack, pb::Ack::Applied as i32, "{next:?}");
-    // The owner counts 35, not 65: an exact check of 0 hits reads what is
-    // left of the key.
+    // The owner counts 1 + 35, not 1 + 65: an exact check of 0 hits reads
+    // what is left of the key.
     let read = pb::RateLimitRequest {
         hits: Some(0),
         ..common::inline("dup", "k", 100, 3_600_000)
@@ -352,13 +368,28 @@ async fn a_report_resent_after_a_lost_acknowledgement_counts_once() {
             let read = read.clone();
             async move {
                 let r = common::procs::check(&mut check, vec![read.clone()]).await;
-                r.is_ok_and(|r| r[0].remaining == 65)
+                r.is_ok_and(|r| r[0].remaining == 64)
             }
         },
     )
     .await;
     let r = common::procs::check(&mut check, vec![read]).await.unwrap();
-    assert_eq!(r[0].remaining, 65, "applied once: {:?}", r[0]);
+    assert_eq!(r[0].remaining, 64, "applied once: {:?}", r[0]);
+    // A key this app was never passed is not counted, and says so.
+    let stranger = rpc
+        .report(pb::ReportRequest {
+            client_id: "app-under-test".into(),
+            sequence: 3,
+            spent: vec![pb::RateLimitRequest {
+                hits: Some(50),
+                ..common::inline("dup", "other", 100, 3_600_000)
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stranger.ack, pb::Ack::Applied as i32);
+    assert_eq!(stranger.errors[0].field, "spent", "{stranger:?}");
     // A report naming no client, or numbered 0, is refused by field.
     let bad = rpc
         .report(pb::ReportRequest {

@@ -15,8 +15,6 @@
 //! one after (the grant): a caller gone mid-ask leaves either nothing or
 //! a whole step done.
 
-use std::sync::Arc;
-
 use super::{ItemError, Limiter, Verdict};
 use crate::algorithm::Nanos;
 use crate::store::key;
@@ -38,7 +36,8 @@ pub enum ClientAck {
     Applied(Vec<ItemError>),
     /// Applied before: a resend after a lost acknowledgement.
     Duplicate,
-    /// Not applied now (client allotments are off here): resend elsewhere.
+    /// Not applied now (allotments are off here, or the table of apps is
+    /// full): the app resends it unchanged, to this node.
     Retry,
 }
 
@@ -63,7 +62,7 @@ impl Limiter {
         check: super::Check,
         client: &str,
         demand: u64,
-        unused: u64,
+        (unused, unreported): (u64, u64),
         budget: Option<std::time::Duration>,
     ) -> Result<Allotted, ItemError> {
         let tiered = {
@@ -71,8 +70,8 @@ impl Limiter {
             self.resolve(&check, &policies)?.tiered
         };
         let on = tiered && self.shared.tiers.subgrants().is_some();
-        if on && unused > 0 {
-            self.take_back(&check, client, unused);
+        if on {
+            self.take_back(&check, client, unused, unreported);
         }
         let (name, unique_key) = (check.name.clone(), check.unique_key.clone());
         let verdict = self
@@ -93,7 +92,8 @@ impl Limiter {
             let mut allotments = tiers.allotments();
             let mut subgrants = tiers.subgrants()?;
             let (pool, node_expires) = allotments.live(k, now)?;
-            let g = subgrants.grant(k, client, demand, pool, node_expires, now);
+            let (g, released) = subgrants.grant(k, client, demand, pool, node_expires, now);
+            allotments.keep(k, released);
             // At most the pool: all of it is there to take.
             let took = allotments.take(k, g.amount, now);
             if took < g.amount {
@@ -113,16 +113,19 @@ impl Limiter {
         Ok(allotted)
     }
 
-    /// An app gives back what it did not spend of `check`'s key: it
-    /// returns to this node's allotment (and, with the node's next ask, to
-    /// the owner).
-    fn take_back(&self, check: &super::Check, client: &str, unused: u64) {
+    /// An app gives back what it did not spend of `check`'s key, and says
+    /// it holds nothing else but `unreported` spent hits: the rest of what
+    /// it was granted goes back to the owner with this node's next ask
+    /// (never spent here: it may belong to an allotment the owner has
+    /// since released).
+    fn take_back(&self, check: &super::Check, client: &str, unused: u64, unreported: u64) {
         key::with_encoded(&check.name, &check.unique_key, |k| {
             let tiers = &self.shared.tiers;
             let mut allotments = tiers.allotments();
             if let Some(mut subgrants) = tiers.subgrants() {
                 let back = subgrants.give_back(k, client, unused);
-                allotments.refund(k, back);
+                let lost = subgrants.holds_at_most(k, client, unreported);
+                allotments.keep(k, back.saturating_add(lost));
             }
         });
     }
@@ -142,8 +145,10 @@ impl Limiter {
             let Some(mut subgrants) = self.shared.tiers.subgrants() else {
                 return self.counted(ClientAck::Retry);
             };
-            if !subgrants.fresh(client, seq, now) {
-                return self.counted(ClientAck::Duplicate);
+            match subgrants.fresh(client, seq, now) {
+                Some(true) => {}
+                Some(false) => return self.counted(ClientAck::Duplicate),
+                None => return self.counted(ClientAck::Retry),
             }
             drop(subgrants);
             let policies = self.shared.policies.load_full();
@@ -161,12 +166,27 @@ impl Limiter {
                 if hits == 0 {
                     continue;
                 }
-                key::with_encoded(&check.name, &check.unique_key, |k| {
-                    if let Some(mut subgrants) = self.shared.tiers.subgrants() {
-                        subgrants.reported(k, client, hits);
+                // Only keys this client holds (or held) sub-grants of: the
+                // node reports spending as its own, so a report naming
+                // any key would let an app spend any key, and grow the
+                // node's table of unreported spending without bound.
+                let known = key::with_encoded(&check.name, &check.unique_key, |k| {
+                    let known = self
+                        .shared
+                        .tiers
+                        .subgrants()
+                        .is_some_and(|mut s| s.reported(k, client, hits));
+                    if known {
+                        self.shared.leases.record(k, &spec, hits, now);
                     }
-                    self.shared.leases.record(k, &spec, hits, now);
+                    known
                 });
+                if !known {
+                    errors.push(ItemError::new(
+                        "spent",
+                        "no allotment of this key was passed to this client",
+                    ));
+                }
             }
             ClientAck::Applied(errors)
         };
@@ -194,20 +214,27 @@ impl Limiter {
     }
 
     /// Release apps' sub-grants that lapsed unreported past the grace
-    /// (their tokens return to this node's allotment), and set the gauge.
+    /// (their tokens go back to the owner with this node's next ask), and
+    /// set the gauge.
     /// The reporter calls this once per report interval.
     pub(super) fn settle_subgrants(&self) {
         let now = self.now();
         let tiers = &self.shared.tiers;
-        let mut allotments = tiers.allotments();
-        let Some(mut subgrants) = tiers.subgrants() else {
-            return;
+        // The walk holds only the sub-grants' lock: decisions (which take
+        // the allotments' lock) go on meanwhile.
+        let (released, outstanding) = {
+            let Some(mut subgrants) = tiers.subgrants() else {
+                return;
+            };
+            let released = subgrants.sweep(now);
+            (released, subgrants.outstanding(now))
         };
-        let released: Vec<(Arc<[u8]>, u64)> = subgrants.sweep(now);
-        for (k, tokens) in released {
-            allotments.refund(&k, tokens);
+        if !released.is_empty() {
+            let mut allotments = tiers.allotments();
+            for (k, tokens) in released {
+                allotments.keep(&k, tokens);
+            }
         }
-        let outstanding = subgrants.outstanding(now);
         self.shared
             .metrics
             .cluster

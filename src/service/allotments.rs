@@ -16,6 +16,11 @@ use crate::proto::v1::allotments_server::Allotments;
 /// remembers costs memory.
 const MAX_CLIENT_ID: usize = 128;
 
+/// Items per report (recording spending is cheaper than deciding: not
+/// `limits.max_batch`, which a client cannot know; sluice-client sends at
+/// most 500).
+const MAX_REPORT_ITEMS: usize = 1_000;
+
 pub struct AllotmentsService {
     limiter: Limiter,
     limits: Limits,
@@ -66,7 +71,13 @@ impl Allotments for AllotmentsService {
         let outcome = match check {
             Ok(check) => {
                 self.limiter
-                    .allot(check, client, ask.demand, ask.unused, budget)
+                    .allot(
+                        check,
+                        client,
+                        ask.demand,
+                        (ask.unused, ask.unreported),
+                        budget,
+                    )
                     .await
             }
             Err(e) => Err(e),
@@ -100,9 +111,22 @@ impl Allotments for AllotmentsService {
         if report.sequence == 0 {
             return Ok(Response::new(invalid("sequence", "starts at 1")));
         }
-        if let Err(e) = self.admission.batch("spent", report.spent.len()) {
-            return Ok(Response::new(invalid("spent", &e.to_string())));
+        if report.spent.len() > MAX_REPORT_ITEMS {
+            return Ok(Response::new(invalid(
+                "spent",
+                &format!(
+                    "at most {MAX_REPORT_ITEMS} items per report, got {}",
+                    report.spent.len()
+                ),
+            )));
         }
+        // Saturated: not applied now; the app resends it unchanged.
+        let Ok(_admitted) = self.admission.admit() else {
+            return Ok(Response::new(pb::ReportResponse {
+                ack: pb::Ack::Retry as i32,
+                errors: Vec::new(),
+            }));
+        };
         let checks = report
             .spent
             .into_iter()

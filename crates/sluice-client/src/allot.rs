@@ -51,8 +51,10 @@ const REPORT_ITEMS: usize = 500;
 /// refused with this `retry_after` (ns): about a round trip to the node.
 const REFUSED_AFTER_WAIT: u64 = 1_000_000;
 
-/// How long a report may take before it is resent.
-const REPORT_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a report may take before it is resent: well within the
+/// node's grace for a lapsed sub-grant (3 report rounds of the node's), so
+/// one lost report does not hold every later one past it.
+const REPORT_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// Policies learned to be tiered, remembered at most.
 const MAX_POLICIES: usize = 1_024;
@@ -63,12 +65,12 @@ const MAX_POLICIES: usize = 1_024;
 /// demand, and an exhausted key's refills are shared by demand rather than
 /// by who asks. (A wait in time has every app ask at the same rate whatever
 /// its demand: measured, a busy app with 80% of the demand got 59% of the
-/// admissions. Counted, in `tests/client_allotments.rs`' 80/10/10 run: 16
-/// gave the busy app 68–75%, 32 gave 71–81%, 48 gave 81–83%, 64 gave
-/// 83–88% — the owner's split slightly favours a rarely-asking node, and
-/// 48 offsets it.) At most one in this many refusals of an exhausted key
-/// costs a call.
-const REFUSE_BEFORE_ASKING: u32 = 48;
+/// admissions.) Measured with the owner's demand-weighted split, busy
+/// app's share at 80% of the demand: 8 gave 80–82% in
+/// `tests/client_allotments.rs` (200/s) and 88% in
+/// `benches/client_allotments.py` (1,000/s); 16 gave 87–89% and 85%. So
+/// at most one in this many refusals of an exhausted key costs a call.
+const REFUSE_BEFORE_ASKING: u32 = 8;
 
 /// ... and for no longer than this (an app whose demand is low asks again
 /// at least this often).
@@ -103,6 +105,9 @@ struct Key {
     window: Duration,
 }
 
+/// Hits by key (a report's).
+type PerKey = Vec<(Arc<[u8]>, u64)>;
+
 struct Table {
     allotments: Allotments,
     keys: HashMap<Arc<[u8]>, Key>,
@@ -120,8 +125,8 @@ struct Table {
     /// would each be decided first-come at the node, all but one refused.
     asking: HashMap<Arc<[u8]>, (u64, watch::Receiver<()>)>,
     next_ask: u64,
-    /// The report cut and not yet acknowledged, and its hits.
-    in_flight: Option<(pb::ReportRequest, u64)>,
+    /// The report cut and not yet acknowledged, and its hits by key.
+    in_flight: Option<(pb::ReportRequest, PerKey)>,
     next_seq: u64,
 }
 
@@ -183,19 +188,11 @@ impl Drop for Asking<'_> {
     }
 }
 
-/// Tokens given back by an ask that is not sent after all: kept for the
-/// next one (not spendable now — too few for the check, or expired — so
-/// they keep their expiry, or end now).
-fn keep_unused(t: &mut Table, k: &[u8], unused: u64, now: u64) {
+/// Tokens given back by an ask that is not sent after all: kept to give
+/// back with the next one (never spent: too few for the check, or expired).
+fn keep_unused(t: &mut Table, k: &[u8], unused: u64) {
     if unused > 0 {
-        t.allotments.granted(
-            k,
-            Grant {
-                amount: unused,
-                expires: now,
-            },
-            now,
-        );
+        t.allotments.keep(k, unused);
     }
 }
 
@@ -318,7 +315,8 @@ impl Allotter {
                 };
                 if check.hits > 0 {
                     let k: Arc<[u8]> = Arc::from(k);
-                    *t.pending.entry(k).or_insert(0) += check.hits;
+                    let p = t.pending.entry(k).or_insert(0);
+                    *p = p.saturating_add(check.hits);
                     self.stats
                         .unreported_hits
                         .fetch_add(check.hits, Ordering::Relaxed);
@@ -341,12 +339,12 @@ impl Allotter {
                 {
                     *left -= 1;
                     let retry_after = *until - now;
-                    keep_unused(&mut t, &k, unused, now);
+                    keep_unused(&mut t, &k, unused);
                     drop(t);
                     return Spend::Decided(self.refused(check, retry_after, waited));
                 }
                 if waited {
-                    keep_unused(&mut t, &k, unused, now);
+                    keep_unused(&mut t, &k, unused);
                     drop(t);
                     // Asked a moment ago: try again after about a round trip.
                     return Spend::Decided(self.refused(check, REFUSED_AFTER_WAIT, true));
@@ -354,7 +352,7 @@ impl Allotter {
                 t.cooling.remove(&k[..]);
                 if let Some((_, done)) = t.asking.get(&k[..]) {
                     let done = done.clone();
-                    keep_unused(&mut t, &k, unused, now);
+                    keep_unused(&mut t, &k, unused);
                     return Spend::Wait(done);
                 }
                 let key: Arc<[u8]> = Arc::from(k);
@@ -409,6 +407,7 @@ impl Allotter {
         self.stats.asks.fetch_add(1, Ordering::Relaxed);
         let mut request = check.to_wire();
         request.mode = pb::Mode::Tiered as i32;
+        let unreported = self.unreported(&encode(check));
         // The grant's life is counted from before the call: this process
         // stops spending before the node stops counting the tokens.
         let sent = self.now();
@@ -419,6 +418,7 @@ impl Allotter {
                 request: Some(request.clone()),
                 demand,
                 unused,
+                unreported,
             })
             .await;
         let answer = match answer {
@@ -473,6 +473,16 @@ impl Allotter {
         Ok(response)
     }
 
+    /// Hits of `k` spent here and not yet acknowledged.
+    fn unreported(&self, k: &[u8]) -> u64 {
+        let t = self.table();
+        let pending = t.pending.get(k).copied().unwrap_or(0);
+        let reporting = t.in_flight.iter().flat_map(|(_, per_key)| per_key.iter());
+        reporting
+            .filter(|(key, _)| &key[..] == k)
+            .fold(pending, |sum, (_, h)| sum.saturating_add(*h))
+    }
+
     /// Report what was spent (the report in flight first, unchanged).
     /// Returns whether nothing is left unacknowledged.
     pub(crate) async fn report(&self) -> bool {
@@ -505,7 +515,10 @@ impl Allotter {
         };
         done.fetch_add(1, Ordering::Relaxed);
         let mut t = self.table();
-        if let Some((_, hits)) = t.in_flight.take() {
+        if let Some((_, per_key)) = t.in_flight.take() {
+            let hits = per_key
+                .iter()
+                .fold(0u64, |sum, (_, h)| sum.saturating_add(*h));
             self.stats.unreported_hits.fetch_sub(
                 hits.min(self.stats.unreported_hits.load(Ordering::Relaxed)),
                 Ordering::Relaxed,
@@ -522,18 +535,19 @@ fn cut(t: &mut Table, client_id: &str) {
     }
     let keys: Vec<Arc<[u8]>> = t.pending.keys().take(REPORT_ITEMS).cloned().collect();
     let mut spent = Vec::with_capacity(keys.len());
-    let mut total = 0u64;
+    let mut per_key = Vec::with_capacity(keys.len());
     for k in keys {
-        let Some(hits) = t.pending.remove(&k) else {
-            continue;
-        };
+        // A pending key always has its request: `prune` keeps it.
         let Some(key) = t.keys.get(&k) else {
             continue;
         };
         let mut r = key.request.clone();
+        let Some(hits) = t.pending.remove(&k) else {
+            continue;
+        };
         r.hits = Some(i64::try_from(hits).unwrap_or(i64::MAX));
-        total = total.saturating_add(hits);
         spent.push(r);
+        per_key.push((k, hits));
     }
     let seq = t.next_seq;
     t.next_seq += 1;
@@ -543,7 +557,7 @@ fn cut(t: &mut Table, client_id: &str) {
             sequence: seq,
             spent,
         },
-        total,
+        per_key,
     ));
 }
 
@@ -557,15 +571,13 @@ fn prune(t: &mut Table) {
         in_flight,
         ..
     } = t;
-    let reporting: HashSet<(String, String)> = in_flight
+    let reporting: HashSet<&[u8]> = in_flight
         .iter()
-        .flat_map(|(r, _)| r.spent.iter())
-        .map(|r| (r.name.clone(), r.unique_key.clone()))
+        .flat_map(|(_, per_key)| per_key.iter())
+        .map(|(k, _)| &k[..])
         .collect();
-    keys.retain(|k, key| {
-        allotments.contains(k)
-            || pending.contains_key(k)
-            || reporting.contains(&(key.request.name.clone(), key.request.unique_key.clone()))
+    keys.retain(|k, _| {
+        allotments.contains(k) || pending.contains_key(k) || reporting.contains(&k[..])
     });
 }
 

@@ -260,15 +260,25 @@ impl Builder {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        // Allotments talk to one node: it keeps the books of what it passed
+        // on (a report or give-back reaching another node would be counted
+        // there, and the first would pass the same tokens on again). One of
+        // the addresses, by process: a fleet of apps spreads over them.
+        let allotments_channel = endpoints
+            .get(std::process::id() as usize % endpoints.len().max(1))
+            .map(|e| e.connect_lazy());
         let channel = match endpoints.as_slice() {
             [one] => one.connect_lazy(),
             _ => Channel::balance_list(endpoints.into_iter()),
         };
-        let allotter = (self.allotment_keys > 0).then(|| {
-            let a = Arc::new(allot::Allotter::new(channel.clone(), self.allotment_keys));
-            tokio::spawn(allot::report_loop(Arc::downgrade(&a), a.low.clone()));
-            a
-        });
+        let allotter = (self.allotment_keys > 0)
+            .then_some(())
+            .and(allotments_channel)
+            .map(|ch| {
+                let a = Arc::new(allot::Allotter::new(ch, self.allotment_keys));
+                tokio::spawn(allot::report_loop(Arc::downgrade(&a), a.low.clone()));
+                a
+            });
         let rpc = RateLimiterClient::new(channel);
         let stats = Arc::new(Stats::default());
         let batcher = self.batch.map(|max| {
@@ -338,8 +348,11 @@ impl Client {
         self.inner.allotter.as_deref().map(|a| &*a.stats)
     }
 
-    /// Report every unreported allotment spending now (e.g. at shutdown),
-    /// within `within`; whether all of it was acknowledged.
+    /// Report every unreported allotment spending now, within `within`;
+    /// whether all of it was acknowledged. Call it at shutdown: spending
+    /// not reported when the last handle is dropped is lost (the node
+    /// releases the tokens after its grace: the limit admits up to that
+    /// much more, as for an app killed).
     pub async fn flush_allotments(&self, within: Duration) -> bool {
         let Some(a) = &self.inner.allotter else {
             return true;
@@ -404,8 +417,8 @@ impl Client {
     /// Decide several checks in one `Check` call (e.g. the rules of one
     /// HTTP request), under one deadline; answers in order.
     /// With a tiered check among them (allotments on), each is decided as
-    /// [`Client::check`] would, in order: those an allotment covers take no
-    /// call.
+    /// [`Client::check`] would, in order, each under its own deadline:
+    /// those an allotment covers take no call.
     pub async fn check_all(&self, checks: &[Check]) -> Vec<Result<Decision, CheckError>> {
         if let Some(a) = &self.inner.allotter
             && checks.iter().any(|c| a.applies(c))

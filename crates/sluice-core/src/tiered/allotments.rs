@@ -13,6 +13,10 @@ use crate::algorithm::Nanos;
 struct Allotment {
     tokens: u64,
     expires: Nanos,
+    /// Tokens to give back with the next ask, never to spend: what came
+    /// back from elsewhere ([`Allotments::keep`]) — possibly of an earlier
+    /// grant, or of one whose grantor has since released it.
+    returned: u64,
     /// Its tokens count in `Allotments::held`: it has not been seen
     /// expired since its last grant.
     counted: bool,
@@ -34,6 +38,7 @@ impl Allotment {
         Allotment {
             tokens: 0,
             expires: now,
+            returned: 0,
             counted: false,
             empty_until: 0,
             last_grant: 0,
@@ -196,7 +201,8 @@ impl Allotments {
         // promised for as long as the edge keeps asking. (Giving back more
         // than the grantor still counts is harmless: it takes back at most
         // what is outstanding.)
-        let unused = a.tokens;
+        let unused = a.tokens.saturating_add(a.returned);
+        a.returned = 0;
         if a.counted {
             self.held = self.held.saturating_sub(u128::from(a.tokens));
         }
@@ -259,7 +265,8 @@ impl Allotments {
     /// Take `amount` tokens out of the key's unexpired allotment without
     /// spending them (a node passing them on as a sub-grant: the app
     /// spends them and reports, or they come back through
-    /// [`Allotments::refund`]). Takes at most what it holds; returns that.
+    /// [`Allotments::keep`]: given back, never spent here again). Takes at
+    /// most what it holds; returns that.
     pub fn take(&mut self, key: &[u8], amount: u64, now: Nanos) -> u64 {
         let Some(a) = self.keys.get_mut(key).filter(|a| now < a.expires) else {
             return 0;
@@ -272,16 +279,16 @@ impl Allotments {
         took
     }
 
-    /// Tokens taken out by [`Allotments::take`] come back unspent. They
-    /// join the allotment whether it is live or not: an expired one gives
-    /// them back to its grantor with its next ask. With no allotment (the
-    /// ring changed and it was dropped) they are not this node's to hold.
-    pub fn refund(&mut self, key: &[u8], amount: u64) {
+    /// Tokens that came back unspent (taken out by [`Allotments::take`],
+    /// or given back by an ask that was not sent): kept to give back to
+    /// the grantor with the next ask, and never spent here — they may
+    /// belong to an earlier grant than the live one, even to one a ring
+    /// change dropped, whose grantor will not count them again. A key with
+    /// no entry (evicted) has nothing to give them back with: its grantor
+    /// releases them after its grace.
+    pub fn keep(&mut self, key: &[u8], amount: u64) {
         if let Some(a) = self.keys.get_mut(key) {
-            a.tokens = a.tokens.saturating_add(amount);
-            if a.counted {
-                self.held += u128::from(amount);
-            }
+            a.returned = a.returned.saturating_add(amount);
         }
     }
 

@@ -168,6 +168,19 @@ impl Ledger {
         released
     }
 
+    /// Take back what `edge` holds beyond `at_most` (it says it holds no
+    /// more: what it was granted and never received, or lost); returns
+    /// how much.
+    pub fn hold_at_most(&mut self, edge: &str, at_most: u64) -> u64 {
+        let held = self.edges.get(edge).map_or(0, |s| s.outstanding);
+        self.lessen(edge, held.saturating_sub(at_most))
+    }
+
+    /// The edges with a standing here.
+    pub fn edge_ids(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.edges.keys()
+    }
+
     /// Whether `edge` has a standing here (granted, and not yet forgotten).
     pub fn knows(&self, edge: &str) -> bool {
         self.edges.contains_key(edge)

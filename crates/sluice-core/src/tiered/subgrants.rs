@@ -24,7 +24,18 @@
 //!
 //! Reports from a client are numbered; [`SubGrants::fresh`] applies each
 //! number once (a client resends a report unchanged until acknowledged, one
-//! in flight at a time).
+//! in flight at a time) — while the node remembers the client: for
+//! [`CLIENT_MEMORY`] after it was last heard from, and not across a restart
+//! of the node. A resend the node no longer recognises counts twice
+//! (refusing too much, never admitting too much).
+//!
+//! What comes back — given back by a client, or released after the grace —
+//! is never spent by the node: it goes back to the owner with the node's
+//! next ask ([`super::Allotments::keep`]), since it may belong to an
+//! allotment the owner has since released.
+//!
+//! Work is bounded per call: no request walks the table. The periodic
+//! [`SubGrants::sweep`] walks every standing once.
 //!
 //! Pure arithmetic over an injected clock: no I/O, no locking.
 
@@ -33,6 +44,15 @@ use std::sync::Arc;
 
 use super::{Grant, Ledger, Terms};
 use crate::algorithm::Nanos;
+
+/// How long a client the node has not heard from is remembered (its
+/// report number: a resend of an applied report within it is recognised).
+pub const CLIENT_MEMORY: Nanos = 60 * 1_000_000_000;
+
+/// Standings (a client's sub-grant record of one key) held at most, over
+/// every key: the memory bound `max_clients × max_keys_per_client` alone
+/// would not give.
+pub const MAX_STANDINGS: usize = 1_000_000;
 
 /// How much a node hands out to apps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,6 +91,8 @@ pub struct SubGrants {
     terms: Terms,
     /// How long before the node's own allotment ends a sub-grant must end.
     lead: Nanos,
+    /// Standings over every key (a ceiling: recounted at each sweep).
+    standings: usize,
 }
 
 impl SubGrants {
@@ -85,6 +107,7 @@ impl SubGrants {
             caps,
             terms,
             lead,
+            standings: 0,
         }
     }
 
@@ -109,24 +132,16 @@ impl SubGrants {
         })
     }
 
-    /// Make sure `client` is remembered (making room by forgetting the
-    /// client idle longest, if idle past `memory`). False when full.
+    /// Make sure `client` is remembered. False when the table is full of
+    /// clients heard from within [`CLIENT_MEMORY`] (the sweep forgets the
+    /// others; nothing here walks the table).
     fn admit_client(&mut self, client: &str, now: Nanos) -> bool {
         if let Some(c) = self.clients.get_mut(client) {
             c.seen = now;
             return true;
         }
         if self.clients.len() >= self.caps.max_clients.max(1) {
-            let idle = self
-                .clients
-                .iter()
-                .filter(|(_, c)| c.seen.saturating_add(self.terms.memory) <= now && c.keys == 0)
-                .min_by_key(|(_, c)| c.seen)
-                .map(|(id, _)| id.clone());
-            match idle {
-                Some(id) => self.clients.remove(&id),
-                None => return false,
-            };
+            return false;
         }
         self.clients.insert(
             Arc::from(client),
@@ -148,32 +163,45 @@ impl SubGrants {
     }
 
     /// `client` reported `hits` of `key` spent (its report applied once).
-    pub fn reported(&mut self, key: &[u8], client: &str, hits: u64) {
-        if let Some(l) = self.keys.get_mut(key) {
-            l.reported(client, hits);
+    /// False when it holds no standing for the key (never granted it, or
+    /// long forgotten): the caller does not count such spending.
+    pub fn reported(&mut self, key: &[u8], client: &str, hits: u64) -> bool {
+        match self.keys.get_mut(key) {
+            Some(l) if l.knows(client) => {
+                l.reported(client, hits);
+                true
+            }
+            _ => false,
         }
     }
 
-    /// Whether report `seq` of `client` is new: applied now (true), or a
-    /// resend of one already applied (false). Numbers only grow: a client
-    /// has one report in flight and cuts the next only once this one is
-    /// acknowledged. A client the node does not know (it forgot it, or
-    /// restarted) starts from this number.
-    pub fn fresh(&mut self, client: &str, seq: u64, now: Nanos) -> bool {
+    /// `client` says it holds nothing of `key` beyond `unreported` spent
+    /// hits (asking again, having given back what it did not spend): the
+    /// rest of its outstanding — grants it never received (an ask dropped
+    /// at its deadline after the node granted), or lost — comes back now
+    /// instead of staying promised for as long as it keeps asking.
+    pub fn holds_at_most(&mut self, key: &[u8], client: &str, unreported: u64) -> u64 {
+        self.keys
+            .get_mut(key)
+            .map_or(0, |l| l.hold_at_most(client, unreported))
+    }
+
+    /// Whether report `seq` of `client` is new: Some(true) to apply it
+    /// now, Some(false) for a resend of one already applied. Numbers only
+    /// grow: a client has one report in flight and cuts the next only once
+    /// this one is acknowledged. A client the node does not know (forgotten,
+    /// or the node restarted) starts from this number. None when the table
+    /// of clients is full: not applied, so the client resends it later.
+    pub fn fresh(&mut self, client: &str, seq: u64, now: Nanos) -> Option<bool> {
         if !self.admit_client(client, now) {
-            // Full of live clients: apply, and do not remember the number
-            // (a resend would count twice; the count of clients that
-            // ends here is bounded by `max_clients` live ones).
-            return true;
+            return None;
         }
-        let Some(c) = self.clients.get_mut(client) else {
-            return true;
-        };
+        let c = self.clients.get_mut(client)?;
         if seq <= c.last_seq {
-            return false;
+            return Some(false);
         }
         c.last_seq = seq;
-        true
+        Some(true)
     }
 
     /// The client demand of `key` (hits per second), for the node's own
@@ -186,7 +214,9 @@ impl SubGrants {
     /// it: `pool` tokens left, ending at `node_expires`. The caller takes
     /// the amount out of its allotment. `demand`: the client's hits per
     /// second. No grant (amount 0, ending now) past a bound, or when the
-    /// node's allotment ends too soon to pass any on.
+    /// node's allotment ends too soon to pass any on. Also returns the
+    /// tokens of this key's lapsed sub-grants released on the way (the
+    /// caller gives them back, as the sweep's).
     pub fn grant(
         &mut self,
         key: &[u8],
@@ -195,7 +225,7 @@ impl SubGrants {
         pool: u64,
         node_expires: Nanos,
         now: Nanos,
-    ) -> Grant {
+    ) -> (Grant, u64) {
         let none = Grant {
             amount: 0,
             expires: now,
@@ -206,19 +236,20 @@ impl SubGrants {
             .min(self.terms.ttl);
         // Less than an eighth of a full life left: not worth a round trip.
         if life < self.terms.ttl / 8 || !self.admit_client(client, now) {
-            return none;
+            return (none, 0);
         }
         if !self.keys.contains_key(key) && self.keys.len() >= self.caps.max_keys.max(1) {
-            self.sweep_idle(now);
-            if self.keys.len() >= self.caps.max_keys.max(1) {
-                return none;
-            }
+            return (none, 0);
         }
         let ledger = self.keys.entry(Arc::from(key)).or_default();
+        let released = ledger.release_expired(now, &self.terms);
         let new_here = !ledger.knows(client);
         let keys_held = self.clients.get(client).map_or(0, |c| c.keys);
-        if new_here && keys_held >= self.caps.max_keys_per_client.max(1) {
-            return none;
+        if new_here
+            && (keys_held >= self.caps.max_keys_per_client.max(1)
+                || self.standings >= MAX_STANDINGS)
+        {
+            return (none, released);
         }
         let terms = Terms {
             ttl: life,
@@ -229,19 +260,21 @@ impl SubGrants {
         // the clients' asks, which spend from the node's next allotment.
         let remaining = pool.saturating_add(ledger.reserved(now, &terms));
         let g = ledger.grant(client, demand, remaining, 1, now, &terms);
-        if new_here
-            && ledger.knows(client)
-            && let Some(c) = self.clients.get_mut(client)
-        {
-            c.keys += 1;
+        if new_here && ledger.knows(client) {
+            self.standings += 1;
+            if let Some(c) = self.clients.get_mut(client) {
+                c.keys += 1;
+            }
         }
-        g
+        (g, released)
     }
 
     /// Release the sub-grants that lapsed past the grace unreported; drop
-    /// ledgers with nothing left and recount each client's keys. Returns
-    /// the tokens released per key: they go back to the node's allotment.
-    /// A walk over every key: the caller runs it once per report interval.
+    /// ledgers with nothing left, recount each client's keys, forget
+    /// clients with none that were not heard from within
+    /// [`CLIENT_MEMORY`]. Returns the tokens released per key: they go
+    /// back to the owner ([`super::Allotments::keep`]). One walk over every
+    /// standing: the caller runs it once per report interval.
     pub fn sweep(&mut self, now: Nanos) -> Vec<(Arc<[u8]>, u64)> {
         let mut released = Vec::new();
         for (k, l) in self.keys.iter_mut() {
@@ -250,27 +283,23 @@ impl SubGrants {
                 released.push((k.clone(), r));
             }
         }
-        self.sweep_idle(now);
-        released
-    }
-
-    /// Drop ledgers that forgot every client; recount keys per client;
-    /// forget clients idle past `memory` with no keys.
-    fn sweep_idle(&mut self, now: Nanos) {
         self.keys.retain(|_, l| l.edges() > 0);
         for c in self.clients.values_mut() {
             c.keys = 0;
         }
+        let mut standings = 0;
         for l in self.keys.values() {
-            for (id, c) in self.clients.iter_mut() {
-                if l.knows(id) {
+            for id in l.edge_ids() {
+                standings += 1;
+                if let Some(c) = self.clients.get_mut(id) {
                     c.keys += 1;
                 }
             }
         }
-        let memory = self.terms.memory;
+        self.standings = standings;
         self.clients
-            .retain(|_, c| c.keys > 0 || c.seen.saturating_add(memory) > now);
+            .retain(|_, c| c.keys > 0 || c.seen.saturating_add(CLIENT_MEMORY) > now);
+        released
     }
 }
 
@@ -301,25 +330,26 @@ mod tests {
     #[test]
     fn a_grant_is_at_most_the_pool_and_ends_before_the_node_allotment() {
         let mut s = subgrants();
-        let g = s.grant(b"k", "a", 1_000_000, 100, 250 * MS, 0);
+        let (g, _) = s.grant(b"k", "a", 1_000_000, 100, 250 * MS, 0);
         assert_eq!(g.amount, 100);
         assert_eq!(g.expires, 200 * MS);
-        let g = s.grant(b"k", "a", 1_000_000, 100, 120 * MS, 10 * MS);
+        let (g, _) = s.grant(b"k", "a", 1_000_000, 100, 120 * MS, 10 * MS);
         assert_eq!(g.expires, 70 * MS, "the node's allotment ends at 120 ms");
-        assert_eq!(s.grant(b"k", "a", 1_000, 100, 60 * MS, 10 * MS).amount, 0);
+        assert_eq!(s.grant(b"k", "a", 1_000, 100, 60 * MS, 10 * MS).0.amount, 0);
     }
 
     #[test]
     fn outstanding_is_granted_less_reported_and_returned_and_lapses_after_grace() {
         let mut s = subgrants();
-        let g = s.grant(b"k", "a", 1_000_000, 100, 250 * MS, 0);
+        let (g, _) = s.grant(b"k", "a", 1_000_000, 100, 250 * MS, 0);
         assert_eq!(s.outstanding(0), g.amount);
-        s.reported(b"k", "a", 10);
+        assert!(s.reported(b"k", "a", 10));
+        assert!(!s.reported(b"k", "b", 10), "b holds nothing of k");
         assert_eq!(s.give_back(b"k", "a", 5), 5);
         assert_eq!(s.outstanding(0), g.amount - 15);
         // A give-back beyond what it holds returns only what it held.
         assert_eq!(s.give_back(b"k", "a", 1_000), g.amount - 15);
-        let g2 = s.grant(b"k", "a", 1_000_000, 40, 250 * MS, 0);
+        let (g2, _) = s.grant(b"k", "a", 1_000_000, 40, 250 * MS, 0);
         assert_eq!(g2.amount, 40);
         assert!(s.sweep(g2.expires + 149 * MS).is_empty());
         let released = s.sweep(g2.expires + 150 * MS);
@@ -330,34 +360,58 @@ mod tests {
     #[test]
     fn a_report_number_applies_once() {
         let mut s = subgrants();
-        assert!(s.fresh("a", 1, 0));
-        assert!(!s.fresh("a", 1, MS));
-        assert!(s.fresh("a", 2, MS));
-        assert!(!s.fresh("a", 1, MS));
-        assert!(s.fresh("b", 1, MS), "numbers are per client");
+        assert_eq!(s.fresh("a", 1, 0), Some(true));
+        assert_eq!(s.fresh("a", 1, MS), Some(false));
+        assert_eq!(s.fresh("a", 2, MS), Some(true));
+        assert_eq!(s.fresh("a", 1, MS), Some(false));
+        assert_eq!(s.fresh("b", 1, MS), Some(true), "numbers are per client");
+        assert_eq!(s.fresh("c", 1, MS), Some(true));
+        // Three clients remembered: a fourth's report is not applied (it
+        // is resent), rather than applied with no number kept.
+        assert_eq!(s.fresh("d", 1, MS), None);
+        // Forgotten once idle past the memory: room again.
+        s.sweep(CLIENT_MEMORY + 2 * MS);
+        assert_eq!(s.fresh("d", 1, CLIENT_MEMORY + 2 * MS), Some(true));
     }
 
     #[test]
     fn keys_per_client_clients_per_key_and_clients_are_bounded() {
         let mut s = subgrants();
         let pool = 1_000;
-        assert!(s.grant(b"k1", "a", 100, pool, 250 * MS, 0).amount > 0);
-        assert!(s.grant(b"k2", "a", 100, pool, 250 * MS, 0).amount > 0);
-        assert_eq!(s.grant(b"k3", "a", 100, pool, 250 * MS, 0).amount, 0);
-        assert!(s.grant(b"k1", "b", 100, pool, 250 * MS, 0).amount > 0);
-        assert_eq!(s.grant(b"k1", "c", 100, pool, 250 * MS, 0).amount, 0);
-        assert!(s.grant(b"k2", "c", 100, pool, 250 * MS, 0).amount > 0);
-        // Three live clients: a fourth is refused until one goes idle.
-        assert_eq!(s.grant(b"k4", "d", 100, pool, 250 * MS, 0).amount, 0);
-        let later = 10_000 * MS;
+        let amount = |s: &mut SubGrants, k: &[u8], c: &str, at: Nanos| {
+            s.grant(k, c, 100, pool, at + 250 * MS, at).0.amount
+        };
+        assert!(amount(&mut s, b"k1", "a", 0) > 0);
+        assert!(amount(&mut s, b"k2", "a", 0) > 0);
+        assert_eq!(amount(&mut s, b"k3", "a", 0), 0, "two keys per client");
+        assert!(amount(&mut s, b"k1", "b", 0) > 0);
+        assert_eq!(amount(&mut s, b"k1", "c", 0), 0, "two clients per key");
+        assert!(amount(&mut s, b"k2", "c", 0) > 0);
+        // Three live clients: a fourth is refused until one is forgotten.
+        assert_eq!(amount(&mut s, b"k4", "d", 0), 0);
+        let later = CLIENT_MEMORY + 10_000 * MS;
         s.sweep(later);
-        assert!(
-            s.grant(b"k4", "d", 100, pool, later + 250 * MS, later)
-                .amount
-                > 0
-        );
+        assert!(amount(&mut s, b"k4", "d", later) > 0);
         assert!(s.clients() <= 3);
         assert!(s.len() <= 4);
+    }
+
+    #[test]
+    fn a_client_holding_less_than_it_was_granted_gives_the_rest_back() {
+        let mut s = subgrants();
+        let (g, _) = s.grant(b"k", "a", 1_000_000, 100, 250 * MS, 0);
+        // Its answer was lost: it holds nothing, 3 spent and unreported.
+        assert_eq!(s.holds_at_most(b"k", "a", 3), g.amount - 3);
+        assert_eq!(s.outstanding(0), 3);
+    }
+
+    #[test]
+    fn a_lapsed_sub_grant_released_by_a_grant_is_returned() {
+        let mut s = subgrants();
+        let (g, _) = s.grant(b"k", "a", 1_000_000, 100, 250 * MS, 0);
+        let later = g.expires + 150 * MS;
+        let (_, released) = s.grant(b"k", "b", 1_000, 10, later + 250 * MS, later);
+        assert_eq!(released, g.amount, "a's lapsed tokens, not lost");
     }
 
     #[test]
