@@ -68,8 +68,9 @@ const MAX_POLICIES: usize = 1_024;
 /// admissions.) Measured with the owner's demand-weighted split, busy
 /// app's share at 80% of the demand: 8 gave 80–82% in
 /// `tests/client_allotments.rs` (200/s) and 88% in
-/// `benches/client_allotments.py` (1,000/s); 16 gave 87–89% and 85%. So
-/// at most one in this many refusals of an exhausted key costs a call.
+/// `benches/client_allotments.py` (1,000/s); 16 gave 87–89% and 85%; a
+/// plain 30 ms wait gave 76% and 49%. So at most one in this many
+/// refusals of an exhausted key costs a call.
 const REFUSE_BEFORE_ASKING: u32 = 8;
 
 /// ... and for no longer than this (an app whose demand is low asks again
