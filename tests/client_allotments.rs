@@ -330,7 +330,7 @@ async fn a_report_resent_after_a_lost_acknowledgement_counts_once() {
             request: Some(spent(1)),
             demand: 100,
             unused: 0,
-            unreported: 0,
+            unreported: None,
         })
         .await
         .unwrap()

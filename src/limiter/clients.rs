@@ -56,13 +56,16 @@ impl Limiter {
     /// and grant it a share of this node's allotment of the key, if the
     /// key is in tiered mode and this node holds a live allotment of it.
     /// `unused`: what the app did not spend of its last sub-grant of the
-    /// key, taken back first (so this check may spend it).
+    /// key, taken back first (it goes back to the owner with this node's
+    /// next ask); `unreported`: the hits of the key it spent and has not
+    /// had acknowledged, when it says (the rest of what it was granted is
+    /// taken back too).
     pub async fn allot(
         &self,
         check: super::Check,
         client: &str,
         demand: u64,
-        (unused, unreported): (u64, u64),
+        (unused, unreported): (u64, Option<u64>),
         budget: Option<std::time::Duration>,
     ) -> Result<Allotted, ItemError> {
         let tiered = {
@@ -87,16 +90,25 @@ impl Limiter {
             return Ok(allotted);
         }
         let now = self.now();
+        // The two locks one after the other, never nested: the sub-grants'
+        // periodic walk then never holds up a decision (which takes only
+        // the allotments'). The pool may be spent between the look and the
+        // take: what could not be taken is not granted.
         let grant = key::with_encoded(&name, &unique_key, |k| {
             let tiers = &self.shared.tiers;
-            let mut allotments = tiers.allotments();
-            let mut subgrants = tiers.subgrants()?;
-            let (pool, node_expires) = allotments.live(k, now)?;
-            let (g, released) = subgrants.grant(k, client, demand, pool, node_expires, now);
-            allotments.keep(k, released);
-            // At most the pool: all of it is there to take.
-            let took = allotments.take(k, g.amount, now);
-            if took < g.amount {
+            let (pool, node_expires) = tiers.allotments().live(k, now)?;
+            let (g, released) =
+                tiers
+                    .subgrants()?
+                    .grant(k, client, demand, pool, node_expires, now);
+            let took = {
+                let mut allotments = tiers.allotments();
+                allotments.keep(k, released);
+                allotments.take(k, g.amount, now)
+            };
+            if took < g.amount
+                && let Some(mut subgrants) = tiers.subgrants()
+            {
                 subgrants.give_back(k, client, g.amount - took);
             }
             Some((took, g.expires.saturating_sub(now)))
@@ -118,14 +130,19 @@ impl Limiter {
     /// it was granted goes back to the owner with this node's next ask
     /// (never spent here: it may belong to an allotment the owner has
     /// since released).
-    fn take_back(&self, check: &super::Check, client: &str, unused: u64, unreported: u64) {
+    fn take_back(&self, check: &super::Check, client: &str, unused: u64, unreported: Option<u64>) {
         key::with_encoded(&check.name, &check.unique_key, |k| {
             let tiers = &self.shared.tiers;
-            let mut allotments = tiers.allotments();
-            if let Some(mut subgrants) = tiers.subgrants() {
-                let back = subgrants.give_back(k, client, unused);
-                let lost = subgrants.holds_at_most(k, client, unreported);
-                allotments.keep(k, back.saturating_add(lost));
+            let back = match tiers.subgrants() {
+                Some(mut subgrants) => {
+                    let back = subgrants.give_back(k, client, unused);
+                    let lost = unreported.map_or(0, |u| subgrants.holds_at_most(k, client, u));
+                    back.saturating_add(lost)
+                }
+                None => 0,
+            };
+            if back > 0 {
+                tiers.allotments().keep(k, back);
             }
         });
     }

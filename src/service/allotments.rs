@@ -120,13 +120,9 @@ impl Allotments for AllotmentsService {
                 ),
             )));
         }
-        // Saturated: not applied now; the app resends it unchanged.
-        let Ok(_admitted) = self.admission.admit() else {
-            return Ok(Response::new(pb::ReportResponse {
-                ack: pb::Ack::Retry as i32,
-                errors: Vec::new(),
-            }));
-        };
+        // Not behind admission: a report only lowers what is promised, and
+        // one held back past the grace would have its tokens promised again
+        // while its spending still counts when it lands.
         let checks = report
             .spent
             .into_iter()

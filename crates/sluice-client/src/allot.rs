@@ -51,10 +51,10 @@ const REPORT_ITEMS: usize = 500;
 /// refused with this `retry_after` (ns): about a round trip to the node.
 const REFUSED_AFTER_WAIT: u64 = 1_000_000;
 
-/// How long a report may take before it is resent: well within the
-/// node's grace for a lapsed sub-grant (3 report rounds of the node's), so
-/// one lost report does not hold every later one past it.
-const REPORT_TIMEOUT: Duration = Duration::from_millis(100);
+/// How long a report may take before it is resent: within the node's
+/// grace for a lapsed sub-grant (3 report rounds of the node's, 310 ms by
+/// default), so one lost report does not hold every later one past it.
+const REPORT_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// Policies learned to be tiered, remembered at most.
 const MAX_POLICIES: usize = 1_024;
@@ -124,7 +124,7 @@ struct Table {
     /// does): one ask per key at a time, the checks that find one waiting
     /// for its grant instead of asking too — concurrent asks of a busy app
     /// would each be decided first-come at the node, all but one refused.
-    asking: HashMap<Arc<[u8]>, (u64, watch::Receiver<()>)>,
+    asking: HashMap<Arc<[u8]>, (u64, watch::Receiver<Asked>)>,
     next_ask: u64,
     /// The report cut and not yet acknowledged, and its hits by key.
     in_flight: Option<(pb::ReportRequest, PerKey)>,
@@ -162,19 +162,37 @@ pub(crate) enum Spend<'a> {
         asking: Asking<'a>,
     },
     /// Another check's ask of this key is in flight: wait for it to end
-    /// (`changed` returns when it has), then spend again.
-    Wait(watch::Receiver<()>),
+    /// (`changed` returns when it has), then see how it ended.
+    Wait(watch::Receiver<Asked>),
     /// Not for allotments (a bound is reached): decide it as usual.
     Bypass,
 }
 
+/// How a key's ask ended, for the checks that waited for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Asked {
+    /// Still out (or dropped before it said: cancelled).
+    Pending,
+    /// The node answered: spend what it brought, else refuse.
+    Answered,
+    /// No answer (the call failed or timed out): decide as the asker did.
+    Failed,
+}
+
 /// A key's ask in flight; dropped (answered, failed or cancelled), it
-/// lets the checks waiting for it go on.
+/// lets the checks waiting for it go on, told how it ended.
 pub(crate) struct Asking<'a> {
     allotter: &'a Allotter,
     key: Arc<[u8]>,
     id: u64,
-    _done: watch::Sender<()>,
+    done: watch::Sender<Asked>,
+}
+
+impl Asking<'_> {
+    /// Say how the ask ended (before it is dropped).
+    pub(crate) fn ended(&self, how: Asked) {
+        self.done.send_replace(how);
+    }
 }
 
 impl Drop for Asking<'_> {
@@ -210,7 +228,7 @@ fn encode(check: &Check) -> Vec<u8> {
 /// An id for this client: random enough that two processes never share
 /// one (the node applies reports once per id and sequence), from the
 /// process id, the time and std's randomly seeded hasher.
-fn client_id() -> String {
+pub(crate) fn client_id() -> String {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u32(std::process::id());
@@ -224,9 +242,9 @@ fn client_id() -> String {
 }
 
 impl Allotter {
-    pub(crate) fn new(channel: Channel, max_keys: usize) -> Allotter {
+    pub(crate) fn new(id: String, channel: Channel, max_keys: usize) -> Allotter {
         Allotter {
-            id: client_id(),
+            id,
             rpc: AllotmentsClient::new(channel),
             started: Instant::now(),
             on: AtomicBool::new(true),
@@ -359,7 +377,7 @@ impl Allotter {
                 let key: Arc<[u8]> = Arc::from(k);
                 let id = t.next_ask;
                 t.next_ask += 1;
-                let (tx, rx) = watch::channel(());
+                let (tx, rx) = watch::channel(Asked::Pending);
                 t.asking.insert(key.clone(), (id, rx));
                 Spend::Ask {
                     demand,
@@ -368,7 +386,7 @@ impl Allotter {
                         allotter: self,
                         key,
                         id,
-                        _done: tx,
+                        done: tx,
                     },
                 }
             }
@@ -419,7 +437,7 @@ impl Allotter {
                 request: Some(request.clone()),
                 demand,
                 unused,
-                unreported,
+                unreported: Some(unreported),
             })
             .await;
         let answer = match answer {

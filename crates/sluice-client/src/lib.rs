@@ -263,9 +263,17 @@ impl Builder {
         // Allotments talk to one node: it keeps the books of what it passed
         // on (a report or give-back reaching another node would be counted
         // there, and the first would pass the same tokens on again). One of
-        // the addresses, by process: a fleet of apps spreads over them.
+        // the addresses, by the client's random id: a fleet of apps spreads
+        // over them. (So each address must be one node, not a balancer.)
+        let id = allot::client_id();
+        let pick = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            id.hash(&mut h);
+            h.finish() as usize
+        };
         let allotments_channel = endpoints
-            .get(std::process::id() as usize % endpoints.len().max(1))
+            .get(pick % endpoints.len().max(1))
             .map(|e| e.connect_lazy());
         let channel = match endpoints.as_slice() {
             [one] => one.connect_lazy(),
@@ -275,7 +283,7 @@ impl Builder {
             .then_some(())
             .and(allotments_channel)
             .map(|ch| {
-                let a = Arc::new(allot::Allotter::new(ch, self.allotment_keys));
+                let a = Arc::new(allot::Allotter::new(id, ch, self.allotment_keys));
                 tokio::spawn(allot::report_loop(Arc::downgrade(&a), a.low.clone()));
                 a
             });
@@ -386,22 +394,36 @@ impl Client {
                     } => {
                         let asked =
                             tokio::time::timeout_at(until, a.ask(check, demand, unused)).await;
-                        drop(asking);
-                        return match asked {
-                            Ok(Ok(r)) => self.decided(check, r),
-                            // This node serves no allotments: as usual.
-                            Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => break,
-                            _ => Ok(self.unavailable(check)),
-                        };
+                        match asked {
+                            Ok(Ok(r)) => {
+                                asking.ended(allot::Asked::Answered);
+                                drop(asking);
+                                return self.decided(check, r);
+                            }
+                            // Out of time: `on_unavailable` decides.
+                            Err(_) => {
+                                asking.ended(allot::Asked::Failed);
+                                return Ok(self.unavailable(check));
+                            }
+                            // This node serves no allotments, or could not
+                            // be reached: decided as usual, by whichever
+                            // node the balanced channel reaches.
+                            Ok(Err(_)) => {
+                                asking.ended(allot::Asked::Failed);
+                                drop(asking);
+                                break;
+                            }
+                        }
                     }
                     allot::Spend::Wait(mut done) => {
-                        if tokio::time::timeout_at(until, done.changed())
-                            .await
-                            .is_err()
-                        {
-                            return Ok(self.unavailable(check));
+                        let ended = tokio::time::timeout_at(until, done.changed()).await;
+                        match ended {
+                            Err(_) => return Ok(self.unavailable(check)),
+                            // Answered: spend what it brought, or refuse.
+                            Ok(Ok(())) if *done.borrow() == allot::Asked::Answered => waited = true,
+                            // Failed or cancelled: decided as usual.
+                            _ => break,
                         }
-                        waited = true;
                     }
                     allot::Spend::Bypass => break,
                 }

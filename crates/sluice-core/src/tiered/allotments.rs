@@ -297,6 +297,7 @@ impl Allotments {
     pub fn forget(&mut self) {
         for a in self.keys.values_mut() {
             a.tokens = 0;
+            a.returned = 0;
             a.empty_until = 0;
         }
         self.held = 0;
@@ -309,6 +310,7 @@ impl Allotments {
                 self.held = self.held.saturating_sub(u128::from(a.tokens));
             }
             a.tokens = 0;
+            a.returned = 0;
             a.empty_until = 0;
         }
     }

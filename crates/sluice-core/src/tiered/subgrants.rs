@@ -54,6 +54,12 @@ pub const CLIENT_MEMORY: Nanos = 60 * 1_000_000_000;
 /// would not give.
 pub const MAX_STANDINGS: usize = 1_000_000;
 
+/// How long a client's standing in a key outlives its last grant (and its
+/// demand counts in the split): its reports of that key are counted only
+/// while it stands, and a report held up (a slow node, a lost
+/// acknowledgement resent) must still find it.
+pub const STANDING_MEMORY: Nanos = 10 * 1_000_000_000;
+
 /// How much a node hands out to apps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Caps {
@@ -99,6 +105,7 @@ impl SubGrants {
     pub fn new(caps: Caps, terms: Terms, lead: Nanos) -> SubGrants {
         let terms = Terms {
             max_edges: caps.max_clients_per_key.max(1),
+            memory: terms.memory.max(STANDING_MEMORY),
             ..terms
         };
         SubGrants {
@@ -420,6 +427,10 @@ mod tests {
         s.grant(b"k", "a", 300, 1_000, 250 * MS, 0);
         s.grant(b"k", "b", 100, 1_000, 250 * MS, 0);
         assert_eq!(s.demand(b"k", MS), 400);
-        assert_eq!(s.demand(b"k", 2_000 * MS), 0);
+        assert_eq!(
+            s.demand(b"k", STANDING_MEMORY),
+            0,
+            "demand counts while a client stands"
+        );
     }
 }
