@@ -72,7 +72,7 @@ impl Limiter {
             let policies = self.shared.policies.load_full();
             self.resolve(&check, &policies)?.tiered
         };
-        let on = tiered && self.shared.tiers.subgrants().is_some();
+        let on = tiered && self.shared.tiers.client_allotments_on();
         if on {
             self.take_back(&check, client, unused, unreported);
         }
@@ -171,14 +171,17 @@ impl Limiter {
             let policies = self.shared.policies.load_full();
             let mut errors = Vec::new();
             for item in items {
-                let r = match item.and_then(|c| self.resolve_owned(c, &policies)) {
+                let resolved = item.and_then(|c| {
+                    let spec = self.resolve(&c, &policies)?.spec;
+                    Ok((c, spec))
+                });
+                let (check, spec) = match resolved {
                     Ok(r) => r,
                     Err(e) => {
                         errors.push(e);
                         continue;
                     }
                 };
-                let (check, spec) = r;
                 let hits = check.request.hits;
                 if hits == 0 {
                     continue;
@@ -218,16 +221,6 @@ impl Limiter {
             .get_or_create(&vec![("ack", ack.name())])
             .inc();
         ack
-    }
-
-    /// A check resolved to its spec, owning both.
-    fn resolve_owned(
-        &self,
-        check: super::Check,
-        policies: &crate::policy::Policies,
-    ) -> Result<(super::Check, crate::algorithm::Spec), ItemError> {
-        let spec = self.resolve(&check, policies)?.spec;
-        Ok((check, spec))
     }
 
     /// Release apps' sub-grants that lapsed unreported past the grace

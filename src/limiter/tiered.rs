@@ -67,6 +67,11 @@ impl Tiers {
         self.allotments.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether this node passes allotments on to apps (no lock taken).
+    pub(super) fn client_allotments_on(&self) -> bool {
+        self.subgrants.is_some()
+    }
+
     /// What this node passed on to apps; None when that is off.
     pub(super) fn subgrants(&self) -> Option<MutexGuard<'_, SubGrants>> {
         self.subgrants

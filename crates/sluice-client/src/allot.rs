@@ -333,9 +333,13 @@ impl Allotter {
                     in_process: !waited,
                 };
                 if check.hits > 0 {
-                    let k: Arc<[u8]> = Arc::from(k);
-                    let p = t.pending.entry(k).or_insert(0);
-                    *p = p.saturating_add(check.hits);
+                    // The key is allocated once, when it first has spending.
+                    match t.pending.get_mut(&k[..]) {
+                        Some(p) => *p = p.saturating_add(check.hits),
+                        None => {
+                            t.pending.insert(Arc::from(k), check.hits);
+                        }
+                    }
                     self.stats
                         .unreported_hits
                         .fetch_add(check.hits, Ordering::Relaxed);
@@ -348,8 +352,7 @@ impl Allotter {
                 Spend::Decided(decision)
             }
             Local::Refused { retry_after } => {
-                drop(t);
-                Spend::Decided(self.refused(check, retry_after, waited))
+                Spend::Decided(self.refused(&t, &k, check, retry_after, waited))
             }
             Local::Ask { demand, unused } => {
                 if let Some((left, until)) = t.cooling.get_mut(&k[..])
@@ -359,14 +362,12 @@ impl Allotter {
                     *left -= 1;
                     let retry_after = *until - now;
                     keep_unused(&mut t, &k, unused);
-                    drop(t);
-                    return Spend::Decided(self.refused(check, retry_after, waited));
+                    return Spend::Decided(self.refused(&t, &k, check, retry_after, waited));
                 }
                 if waited {
                     keep_unused(&mut t, &k, unused);
-                    drop(t);
                     // Asked a moment ago: try again after about a round trip.
-                    return Spend::Decided(self.refused(check, REFUSED_AFTER_WAIT, true));
+                    return Spend::Decided(self.refused(&t, &k, check, REFUSED_AFTER_WAIT, true));
                 }
                 t.cooling.remove(&k[..]);
                 if let Some((_, done)) = t.asking.get(&k[..]) {
@@ -393,12 +394,20 @@ impl Allotter {
         }
     }
 
-    /// A refusal decided here (`waited`: after waiting for an ask).
-    fn refused(&self, check: &Check, retry_after: u64, waited: bool) -> Decision {
-        let (limit, window) = self
-            .table()
+    /// A refusal decided here (`waited`: after waiting for an ask), its
+    /// limit from the table already locked for the decision (no second
+    /// lookup on the path most checks of an exhausted key take).
+    fn refused(
+        &self,
+        t: &Table,
+        k: &[u8],
+        check: &Check,
+        retry_after: u64,
+        waited: bool,
+    ) -> Decision {
+        let (limit, window) = t
             .keys
-            .get(&encode(check)[..])
+            .get(k)
             .map_or((0, Duration::from_secs(1)), |key| (key.limit, key.window));
         self.stats.local_refused.fetch_add(1, Ordering::Relaxed);
         Decision {
