@@ -17,6 +17,7 @@
 
 use super::{ItemError, Limiter, Verdict};
 use crate::algorithm::Nanos;
+use crate::lease::tiered::Pace;
 use crate::store::key;
 
 /// An app's ask answered: the decision on its check, and its sub-grant.
@@ -27,6 +28,9 @@ pub struct Allotted {
     pub granted: u64,
     /// For this long from now.
     pub expires_in: Nanos,
+    /// Tokens more that come due evenly over that time (its share of this
+    /// node's pace: [`crate::lease::tiered::Pace`]).
+    pub paced: u64,
 }
 
 /// What became of an app's report.
@@ -75,6 +79,15 @@ impl Limiter {
         let on = tiered && self.shared.tiers.client_allotments_on();
         if on {
             self.take_back(&check, client, unused, unreported);
+            // This node's allotment ends too soon to pass any of it on
+            // (sub-grants end a report interval before it): end it now, so
+            // this check asks the owner for the next one rather than the
+            // app being told "nothing" until it ends.
+            let now = self.now();
+            key::with_encoded(&check.name, &check.unique_key, |k| {
+                let tiers = &self.shared.tiers;
+                tiers.allotments().lapse_within(k, tiers.client_lead(), now)
+            });
         }
         let (name, unique_key) = (check.name.clone(), check.unique_key.clone());
         let verdict = self
@@ -85,6 +98,7 @@ impl Limiter {
             verdict,
             granted: 0,
             expires_in: 0,
+            paced: 0,
         };
         if !on {
             return Ok(allotted);
@@ -96,31 +110,45 @@ impl Limiter {
         // take: what could not be taken is not granted.
         let grant = key::with_encoded(&name, &unique_key, |k| {
             let tiers = &self.shared.tiers;
-            let (pool, node_expires) = tiers.allotments().live(k, now)?;
-            let (g, released) =
-                tiers
-                    .subgrants()?
-                    .grant(k, client, demand, pool, node_expires, now);
-            let took = {
+            let pool = tiers.allotments().live(k, now)?;
+            let (g, released) = tiers.subgrants()?.grant(k, client, demand, pool, now);
+            let life = g.expires.saturating_sub(now);
+            let (took, paced) = {
                 let mut allotments = tiers.allotments();
                 allotments.keep(k, released);
-                allotments.take(k, g.amount, now)
+                let pace = Pace::rate_of(g.paced, life);
+                let (took, taken) = allotments.take(k, g.amount, pace, g.expires, now);
+                // The pace was taken until the node's allotment ends; the
+                // app's ends sooner (by a report interval): what the pace
+                // makes due between goes back to the owner with the next
+                // ask, never spent here.
+                let node_left = pool.expires.saturating_sub(now).max(1);
+                let share = u128::from(taken) * u128::from(life) / u128::from(node_left);
+                let paced = u64::try_from(share)
+                    .unwrap_or(u64::MAX)
+                    .min(g.paced)
+                    .min(taken);
+                allotments.keep(k, taken - paced);
+                (took, paced)
             };
-            if took < g.amount
+            let short = (g.amount - took).saturating_add(g.paced - paced);
+            if short > 0
                 && let Some(mut subgrants) = tiers.subgrants()
             {
-                subgrants.give_back(k, client, g.amount - took);
+                subgrants.give_back(k, client, short);
             }
-            Some((took, g.expires.saturating_sub(now)))
+            Some((took, life, paced))
         });
-        if let Some((granted, expires_in)) = grant
-            && granted > 0
+        if let Some((granted, expires_in, paced)) = grant
+            && (granted > 0 || paced > 0)
         {
             let m = &self.shared.metrics.cluster;
             m.client_grants.inc();
-            m.client_granted_tokens.inc_by(granted);
+            m.client_granted_tokens
+                .inc_by(granted.saturating_add(paced));
             allotted.granted = granted;
             allotted.expires_in = expires_in;
+            allotted.paced = paced;
         }
         Ok(allotted)
     }

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use super::{Limiter, Resolved, Topology, Verdict};
-use crate::cluster::peers::{Forward, ForwardError, Forwarded, TieredAsk};
+use crate::cluster::peers::{Forward, ForwardError, Forwarded, Granted, TieredAsk};
 use crate::policy::OnOwnerUnreachable;
 use crate::store::key;
 
@@ -27,7 +27,7 @@ impl Limiter {
     }
 
     /// [`Limiter::forward`], with a tiered-mode ask: the owner's answer may
-    /// carry a grant, `(amount, ttl)`.
+    /// carry a grant.
     pub(super) async fn forward_asking(
         &self,
         r: &Resolved<'_>,
@@ -35,7 +35,7 @@ impl Limiter {
         t: &Topology,
         ask: Option<TieredAsk>,
         deadline: tokio::time::Instant,
-    ) -> (Verdict, Option<(u64, u64)>) {
+    ) -> (Verdict, Option<Granted>) {
         let peers = &self.shared.peers;
         let budget = super::route::budget_left(deadline).as_nanos() as u64;
         let mut item = Forward {

@@ -17,7 +17,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{Limiter, Path, Resolved, Topology, Verdict};
 use crate::algorithm::{self, Cost, Decision, Nanos, Spec};
-use crate::lease::tiered::{Allotments, Caps, Grant, Ledgers, Local, SubGrants, Terms};
+use crate::cluster::peers::Granted;
+use crate::lease::tiered::{Allotments, Caps, Ledgers, Local, PACE_UNIT, Pace, SubGrants, Terms};
 use crate::store::{Seed, Stale, key};
 
 /// A slow-path ask, as the owner receives it.
@@ -38,6 +39,8 @@ pub(super) struct Tiers {
     /// What this node passed on to apps (None: client allotments are off).
     /// Locked after `allotments` when both are held.
     subgrants: Option<Mutex<SubGrants>>,
+    /// How long before this node's allotment its sub-grants end.
+    client_lead: Nanos,
     /// Ledgers held: while none, an exact decision skips the lookup.
     ledger_count: AtomicUsize,
     pub(super) terms: Terms,
@@ -58,6 +61,7 @@ impl Tiers {
                 Mutex::new(SubGrants::new(caps, terms, lead))
             }),
             ledger_count: AtomicUsize::new(0),
+            client_lead: clients.map_or(0, |(_, lead)| lead),
             terms,
             report_soon: Arc::new(tokio::sync::Notify::new()),
         }
@@ -70,6 +74,11 @@ impl Tiers {
     /// Whether this node passes allotments on to apps (no lock taken).
     pub(super) fn client_allotments_on(&self) -> bool {
         self.subgrants.is_some()
+    }
+
+    /// How long before this node's allotment of a key its sub-grants end.
+    pub(super) fn client_lead(&self) -> Nanos {
+        self.client_lead
     }
 
     /// What this node passed on to apps; None when that is off.
@@ -264,12 +273,9 @@ impl Limiter {
         deadline: tokio::time::Instant,
     ) -> Verdict {
         let (mut v, grant) = self.forward_asking(r, owner, t, Some(ask), deadline).await;
-        if let Some((amount, ttl)) = grant {
+        if let Some(grant) = grant {
             let now = self.now();
-            let grant = Grant {
-                amount,
-                expires: now.saturating_add(ttl),
-            };
+            let grant = grant.at(now);
             key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
                 self.tiers().allotments().granted(k, grant, now)
             });
@@ -321,12 +327,8 @@ impl Limiter {
                         unused,
                     };
                     let (d, grant) = self.decide_reserving(k, &r.spec, req, t, now, Some(&ask))?;
-                    if let Some((amount, ttl)) = grant {
-                        let grant = Grant {
-                            amount,
-                            expires: now.saturating_add(ttl),
-                        };
-                        self.tiers().allotments().granted(k, grant, now);
+                    if let Some(grant) = grant {
+                        self.tiers().allotments().granted(k, grant.at(now), now);
                     }
                     Ok(d)
                 }
@@ -356,7 +358,7 @@ impl Limiter {
     /// spend, decide exactly within what the state leaves after the other
     /// promises, then grant the edge its next allotment. An ask from an
     /// edge just told "nothing" (sent before it heard) is refused without a
-    /// grant. The grant is `(amount, ttl)`.
+    /// grant.
     pub(super) fn decide_reserving(
         &self,
         k: &[u8],
@@ -365,7 +367,7 @@ impl Limiter {
         t: &Topology,
         now: Nanos,
         ask: Option<&Ask>,
-    ) -> Result<(Decision, Option<(u64, Nanos)>), Stale> {
+    ) -> Result<(Decision, Option<Granted>), Stale> {
         let tiers = self.tiers();
         let mut ledgers = tiers.ledgers();
         // No room (the table is full of ledgers that still matter): decided
@@ -414,17 +416,35 @@ impl Limiter {
                     &ask.edge,
                     ask.demand,
                     decision.remaining,
+                    refill_pace(spec, decision.remaining, tiers.terms.ttl),
                     t.size.max(1),
                     now,
                 )
                 .map(|g| {
                     let m = &self.shared.metrics.cluster;
                     m.tiered_grants.inc();
-                    m.tiered_granted_tokens.inc_by(g.amount);
-                    (g.amount, g.expires.saturating_sub(now))
+                    m.tiered_granted_tokens
+                        .inc_by(g.amount.saturating_add(g.paced));
+                    Granted {
+                        amount: g.amount,
+                        ttl: g.expires.saturating_sub(now),
+                        paced: g.paced,
+                    }
                 }),
             _ => None,
         };
         Ok((decision, grant))
     }
+}
+
+/// The refill a tiered key's grants may share out as paces ([`Pace`]):
+/// buckets refill continuously, `limit` per `duration`; windows refill at
+/// their end and get none.
+fn refill_pace(spec: &Spec, remaining: u64, life: Nanos) -> Pace {
+    if !spec.algorithm().is_bucket() || spec.limit() == 0 {
+        return Pace::NONE;
+    }
+    let rate = u128::from(spec.limit()) * PACE_UNIT / u128::from(spec.duration().max(1));
+    let rate = u64::try_from(rate).unwrap_or(u64::MAX);
+    Pace::for_bucket(rate, remaining, spec.capacity(), life)
 }

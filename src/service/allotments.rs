@@ -65,6 +65,7 @@ impl Allotments for AllotmentsService {
                 response: Some(response),
                 granted: 0,
                 expires_in_us: 0,
+                paced: 0,
             }));
         };
         let check = wire::check_from_wire(&mut r, &self.limits);
@@ -82,15 +83,16 @@ impl Allotments for AllotmentsService {
             }
             Err(e) => Err(e),
         };
-        let (mut response, granted, expires_in_us) = match outcome {
+        let (mut response, granted, expires_in_us, paced) = match outcome {
             Ok(a) => (
                 wire::verdict_to_wire(&a.verdict, self.limiter.now()),
                 a.granted,
                 a.expires_in / 1_000,
+                a.paced,
             ),
             Err(e) => {
                 self.limiter.metrics().invalid(e.field);
-                (wire::error_to_wire(&e), 0, 0)
+                (wire::error_to_wire(&e), 0, 0, 0)
             }
         };
         response.request_id = r.request_id;
@@ -99,6 +101,7 @@ impl Allotments for AllotmentsService {
             response: Some(response),
             granted,
             expires_in_us,
+            paced,
         }))
     }
 

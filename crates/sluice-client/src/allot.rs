@@ -466,6 +466,7 @@ impl Allotter {
             let grant = Grant {
                 amount: answer.granted,
                 expires: sent.saturating_add(answer.expires_in_us.saturating_mul(1_000)),
+                paced: answer.paced,
             };
             let mut t = self.table();
             request.hits = None;
@@ -477,12 +478,16 @@ impl Allotter {
             if t.keys.len() >= self.max_keys.saturating_mul(2) && !t.keys.contains_key(&k[..]) {
                 prune(&mut t);
             }
-            let refused = response.status == pb::Status::OverLimit as i32;
+            // Refused with nothing granted (no tokens, no pace): the next
+            // few checks are refused here before asking again.
+            let nothing = response.status == pb::Status::OverLimit as i32
+                && grant.amount == 0
+                && grant.paced == 0;
             let now = self.now();
-            if refused && grant.amount == 0 && t.cooling.len() >= self.max_keys {
+            if nothing && t.cooling.len() >= self.max_keys {
                 t.cooling.retain(|_, (_, until)| now < *until);
             }
-            if refused && grant.amount == 0 && t.cooling.len() < self.max_keys {
+            if nothing && t.cooling.len() < self.max_keys {
                 let until = now.saturating_add(REFUSE_AT_MOST.as_nanos() as u64);
                 t.cooling
                     .insert(Arc::from(&k[..]), (REFUSE_BEFORE_ASKING, until));
@@ -490,11 +495,11 @@ impl Allotter {
             if t.keys.len() < self.max_keys.saturating_mul(2) || t.keys.contains_key(&k[..]) {
                 t.keys.insert(Arc::from(&k[..]), key);
                 t.allotments.granted(&k, grant, self.now());
-                if grant.amount > 0 {
+                if grant.amount > 0 || grant.paced > 0 {
                     self.stats.grants.fetch_add(1, Ordering::Relaxed);
                     self.stats
                         .granted_tokens
-                        .fetch_add(grant.amount, Ordering::Relaxed);
+                        .fetch_add(grant.amount.saturating_add(grant.paced), Ordering::Relaxed);
                 }
             }
         }

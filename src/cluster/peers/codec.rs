@@ -12,7 +12,7 @@ use crate::proto::convert::{
 use crate::proto::peer as pb;
 use crate::store::{Snapshot, key};
 
-use super::types::{Forward, Forwarded, Outgoing, ReportOutcome, SyncKind};
+use super::types::{Forward, Forwarded, Granted, Outgoing, ReportOutcome, SyncKind};
 
 pub fn limit_to_wire(spec: &Spec) -> pb::Limit {
     let (duration_ns, window) = match spec.period() {
@@ -112,7 +112,11 @@ pub fn forwarded_to_wire(f: Forwarded, owner: &str) -> pb::forward_result::Resul
             reset_gen,
         } => {
             let mut d = decision_to_wire(&decision, owner, approximate);
-            d.grant = grant.map(|(amount, ttl_ns)| pb::Grant { amount, ttl_ns });
+            d.grant = grant.map(|g| pb::Grant {
+                amount: g.amount,
+                ttl_ns: g.ttl,
+                paced: g.paced,
+            });
             d.reset_gen = reset_gen;
             R::Decision(d)
         }
@@ -132,7 +136,11 @@ pub(super) fn forwarded_from_wire(r: pb::ForwardResult) -> Result<Forwarded, (bo
         Some(R::Decision(d)) => Ok(Forwarded::Decided {
             decision: decision_from_wire(&d).map_err(|e| (true, e))?,
             approximate: d.approximate,
-            grant: d.grant.map(|g| (g.amount, g.ttl_ns)),
+            grant: d.grant.map(|g| Granted {
+                amount: g.amount,
+                ttl: g.ttl_ns,
+                paced: g.paced,
+            }),
             reset_gen: d.reset_gen,
         }),
         Some(R::Redirect(to)) => Ok(Forwarded::Redirect(Arc::from(to.node_id))),

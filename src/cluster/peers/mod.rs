@@ -35,8 +35,8 @@ mod types;
 
 pub use figures::PeerFigures;
 pub use types::{
-    Forward, ForwardError, Forwarded, Outgoing, Pulled, Received, ReportOutcome, ResetAnswer,
-    SyncKind, TieredAsk, TransferPage,
+    Forward, ForwardError, Forwarded, Granted, Outgoing, Pulled, Received, ReportOutcome,
+    ResetAnswer, SyncKind, TieredAsk, TransferPage,
 };
 
 /// How forwards behave.

@@ -8,6 +8,29 @@ use crate::algorithm::{Decision, Nanos, Spec};
 use crate::proto::peer as pb;
 use crate::store::Snapshot;
 
+/// Tiered mode: an edge's next allotment as its owner sends it — for `ttl`
+/// from when the edge receives it (relative: the two nodes' clocks need
+/// not agree).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Granted {
+    /// Tokens to spend now.
+    pub amount: u64,
+    pub ttl: Nanos,
+    /// Tokens more that come due evenly over the `ttl`.
+    pub paced: u64,
+}
+
+impl Granted {
+    /// The grant on the receiver's clock, received at `now`.
+    pub fn at(self, now: Nanos) -> crate::lease::tiered::Grant {
+        crate::lease::tiered::Grant {
+            amount: self.amount,
+            expires: now.saturating_add(self.ttl),
+            paced: self.paced,
+        }
+    }
+}
+
 /// One check sent to its owner.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Forward {
@@ -68,8 +91,8 @@ pub enum Forwarded {
     Decided {
         decision: Decision,
         approximate: bool,
-        /// Tiered mode: the asking edge's next allotment, `(amount, ttl)`.
-        grant: Option<(u64, crate::algorithm::Nanos)>,
+        /// Tiered mode: the asking edge's next allotment.
+        grant: Option<Granted>,
         /// The key's reset generation here (edges report under it).
         reset_gen: u64,
     },

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::queue::{Deadlines, Fifo};
-use super::{Grant, NANOS_PER_SEC, empty_wait, mul_div};
+use super::{Grant, NANOS_PER_SEC, Pace, empty_wait, mul_div};
 use crate::algorithm::Nanos;
 
 /// An edge's allotment of one key, and its demand meter.
@@ -23,6 +23,17 @@ struct Allotment {
     /// The owner had nothing to grant: refuse here until then rather than
     /// send every refusal of an exhausted hot key across the network.
     empty_until: Nanos,
+    /// The last grant's paced tokens (they come due evenly from
+    /// `pace_from` until `expires`), and how many of them have come due
+    /// (moved into `tokens`).
+    paced: u64,
+    pace_from: Nanos,
+    due: u64,
+    /// Part of its pace was passed on ([`Allotments::take`]) until then:
+    /// an ask before it is not sent. The grantor replaces this edge's pace
+    /// with the next grant's, and the pace passed on still comes due
+    /// elsewhere until then — the two would add up beyond the rate.
+    lent_until: Nanos,
     /// The last grant's size, and whether its running low was signalled.
     last_grant: u64,
     low_signalled: bool,
@@ -41,12 +52,60 @@ impl Allotment {
             returned: 0,
             counted: false,
             empty_until: 0,
+            paced: 0,
+            pace_from: now,
+            due: 0,
+            lent_until: 0,
             last_grant: 0,
             low_signalled: false,
             window_start: now,
             window_hits: 0,
             rate: 0,
         }
+    }
+
+    /// Move the paced tokens due by `now` into `tokens`; returns how many
+    /// moved.
+    fn come_due(&mut self, now: Nanos) -> u64 {
+        if self.paced == self.due {
+            return 0;
+        }
+        let at = now.min(self.expires);
+        let span = self.expires.saturating_sub(self.pace_from);
+        let due = if span == 0 {
+            self.paced
+        } else {
+            mul_div(
+                self.paced,
+                u128::from(at.saturating_sub(self.pace_from)),
+                u128::from(span),
+            )
+        };
+        let moved = due.saturating_sub(self.due);
+        self.due = self.due.max(due);
+        self.tokens = self.tokens.saturating_add(moved);
+        moved
+    }
+
+    /// Paced tokens not yet due.
+    fn not_due(&self) -> u64 {
+        self.paced - self.due
+    }
+
+    /// How long until `hits` tokens are in hand, if the pace brings them
+    /// before the allotment ends.
+    fn due_in(&self, hits: u64, now: Nanos) -> Option<Nanos> {
+        let short = hits.saturating_sub(self.tokens);
+        if short > self.not_due() || now >= self.expires {
+            return None;
+        }
+        let span = self.expires.saturating_sub(self.pace_from);
+        // The instant `due` reaches `due + short`: ceil(span × due' / paced).
+        let target = u128::from(self.due + short) * u128::from(span);
+        let at = self
+            .pace_from
+            .saturating_add(u64::try_from(target.div_ceil(u128::from(self.paced.max(1)))).ok()?);
+        Some(at.saturating_sub(now).max(1))
     }
 
     /// Count `hits` of demand (admitted here or not) at `now`.
@@ -76,6 +135,16 @@ impl Allotment {
         let so_far = mul_div(self.window_hits, NANOS_PER_SEC, u128::from(elapsed));
         self.rate.max(so_far)
     }
+}
+
+/// A key's unexpired allotment, as a node passing part of it on sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Live {
+    /// Tokens in hand.
+    pub tokens: u64,
+    /// The pace still to come, tokens per [`super::PACE_UNIT`] (0: none).
+    pub pace: u64,
+    pub expires: Nanos,
 }
 
 /// What the edge should do with one tiered check.
@@ -177,6 +246,10 @@ impl Allotments {
             };
         };
         a.see(hits, now);
+        let moved = a.come_due(now);
+        if a.counted {
+            self.held = self.held.saturating_add(u128::from(moved));
+        }
         if now < a.expires && a.tokens >= hits {
             a.tokens -= hits;
             if a.counted {
@@ -194,6 +267,17 @@ impl Allotments {
                 retry_after: a.empty_until - now,
             };
         }
+        // Paced: what it lacks comes due before the allotment ends — wait
+        // for it here rather than ask (the others' paces hold the rest of
+        // the refill: an ask would be told no more).
+        if let Some(retry_after) = a.due_in(hits, now) {
+            return Local::Refused { retry_after };
+        }
+        if now < a.lent_until && now < a.expires {
+            return Local::Refused {
+                retry_after: a.lent_until - now,
+            };
+        }
         // Asking: what is left of this allotment goes back with the ask —
         // expired or not. The grantor still counts expired tokens as
         // promised until its grace ends, and an edge that asks again within
@@ -201,8 +285,12 @@ impl Allotments {
         // promised for as long as the edge keeps asking. (Giving back more
         // than the grantor still counts is harmless: it takes back at most
         // what is outstanding.)
-        let unused = a.tokens.saturating_add(a.returned);
+        let unused = a
+            .tokens
+            .saturating_add(a.returned)
+            .saturating_add(a.not_due());
         a.returned = 0;
+        a.paced = a.due;
         if a.counted {
             self.held = self.held.saturating_sub(u128::from(a.tokens));
         }
@@ -229,10 +317,25 @@ impl Allotments {
                 self.held = self.held.saturating_sub(u128::from(a.tokens));
             }
             a.tokens = 0;
+        } else {
+            let moved = a.come_due(now);
+            if a.counted {
+                self.held = self.held.saturating_add(u128::from(moved));
+            }
         }
-        if grant.amount == 0 {
+        // An earlier grant's pace stops here: the grantor now holds this
+        // grant's pace for the edge, not the sum (its unpaid rest stays
+        // reserved there until it lapses — refusing a little, never
+        // admitting more than the rate).
+        a.paced = 0;
+        a.due = 0;
+        if grant.amount == 0 && grant.paced == 0 {
             a.empty_until = now.saturating_add(empty_wait(grant.expires.saturating_sub(now)));
             return;
+        }
+        if grant.paced > 0 {
+            a.paced = grant.paced;
+            a.pace_from = now;
         }
         a.empty_until = 0;
         a.last_grant = grant.amount;
@@ -253,30 +356,90 @@ impl Allotments {
         }
     }
 
-    /// The key's unexpired allotment: its tokens and expiry (a node
-    /// sizing what it can pass on to the apps it serves).
-    pub fn live(&self, key: &[u8], now: Nanos) -> Option<(u64, Nanos)> {
-        self.keys
-            .get(key)
-            .filter(|a| now < a.expires)
-            .map(|a| (a.tokens, a.expires))
+    /// The key's unexpired allotment (a node sizing what it can pass on
+    /// to the apps it serves).
+    pub fn live(&mut self, key: &[u8], now: Nanos) -> Option<Live> {
+        let a = self.keys.get_mut(key).filter(|a| now < a.expires)?;
+        let moved = a.come_due(now);
+        if a.counted {
+            self.held = self.held.saturating_add(u128::from(moved));
+        }
+        Some(Live {
+            tokens: a.tokens,
+            pace: Pace::rate_of(a.not_due(), a.expires - now),
+            expires: a.expires,
+        })
     }
 
-    /// Take `amount` tokens out of the key's unexpired allotment without
-    /// spending them (a node passing them on as a sub-grant: the app
-    /// spends them and reports, or they come back through
-    /// [`Allotments::keep`]: given back, never spent here again). Takes at
-    /// most what it holds; returns that.
-    pub fn take(&mut self, key: &[u8], amount: u64, now: Nanos) -> u64 {
+    /// Take `amount` tokens and a pace of `pace` (tokens per
+    /// [`super::PACE_UNIT`]) until `until` out of the key's unexpired
+    /// allotment without spending them (a node passing them on as a
+    /// sub-grant: the app spends them and reports, or they come back
+    /// through [`Allotments::keep`]: given back, never spent here again).
+    /// Takes at most what it holds; returns the tokens, and the paced
+    /// tokens the pace taken makes due until this allotment ends (no
+    /// longer this node's). While a pace passed on runs, this edge does
+    /// not ask again.
+    pub fn take(
+        &mut self,
+        key: &[u8],
+        amount: u64,
+        pace: u64,
+        until: Nanos,
+        now: Nanos,
+    ) -> (u64, u64) {
         let Some(a) = self.keys.get_mut(key).filter(|a| now < a.expires) else {
-            return 0;
+            return (0, 0);
         };
+        let moved = a.come_due(now);
+        if a.counted {
+            self.held = self.held.saturating_add(u128::from(moved));
+        }
         let took = a.tokens.min(amount);
         a.tokens -= took;
         if a.counted {
             self.held = self.held.saturating_sub(u128::from(took));
         }
-        took
+        let left = a.expires - now;
+        let not_due = a.not_due();
+        let paced = Pace::tokens(pace, left).min(not_due);
+        if paced == 0 {
+            return (took, 0);
+        }
+        // What is left to come due, from now, less what was taken.
+        a.paced = not_due - paced;
+        a.due = 0;
+        a.pace_from = now;
+        a.lent_until = a.lent_until.max(until.min(a.expires));
+        (took, paced)
+    }
+
+    /// If the key's allotment ends within `within` of `now`, end it here:
+    /// what it holds and what its pace would still make due are given back
+    /// with the next ask, which is then sent at once. (A node whose
+    /// sub-grants must end `within` before its own allotment: an app
+    /// asking then would get nothing from it.) Whether it did.
+    pub fn lapse_within(&mut self, key: &[u8], within: Nanos, now: Nanos) -> bool {
+        let Some(a) = self
+            .keys
+            .get_mut(key)
+            .filter(|a| now < a.expires && a.expires - now <= within && now >= a.lent_until)
+        else {
+            return false;
+        };
+        let moved = a.come_due(now);
+        if a.counted {
+            self.held = self.held.saturating_add(u128::from(moved));
+            self.held = self.held.saturating_sub(u128::from(a.tokens));
+        }
+        a.returned = a
+            .returned
+            .saturating_add(a.tokens)
+            .saturating_add(a.not_due());
+        a.tokens = 0;
+        a.paced = a.due;
+        a.empty_until = 0;
+        true
     }
 
     /// Tokens that came back unspent (taken out by [`Allotments::take`],
@@ -299,6 +462,9 @@ impl Allotments {
             a.tokens = 0;
             a.returned = 0;
             a.empty_until = 0;
+            a.paced = 0;
+            a.due = 0;
+            a.lent_until = 0;
         }
         self.held = 0;
     }
@@ -312,6 +478,9 @@ impl Allotments {
             a.tokens = 0;
             a.returned = 0;
             a.empty_until = 0;
+            a.paced = 0;
+            a.due = 0;
+            a.lent_until = 0;
         }
     }
 

@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::queue::{Deadlines, Fifo};
-use super::{Grant, Ledger, Terms};
+use super::{Grant, Ledger, Pace, Terms};
 use crate::algorithm::Nanos;
 
 /// One key's ledger and its places in the table's orders.
@@ -159,14 +159,16 @@ impl Ledgers {
         });
     }
 
-    /// Grant `edge` its next allotment of `key` ([`Ledger::grant`]); None
-    /// when the key has no ledger ([`Ledgers::open`] found no room).
+    /// Grant `edge` its next allotment of `key` ([`Ledger::grant_paced`]);
+    /// None when the key has no ledger ([`Ledgers::open`] found no room).
+    #[allow(clippy::too_many_arguments)]
     pub fn grant(
         &mut self,
         key: &[u8],
         edge: &str,
         demand: u64,
         remaining: u64,
+        pace: Pace,
         n: u64,
         now: Nanos,
     ) -> Option<Grant> {
@@ -174,7 +176,7 @@ impl Ledgers {
         let before = slot.ledger.outstanding();
         let g = slot
             .ledger
-            .grant(edge, demand, remaining, n, now, &self.terms);
+            .grant_paced(edge, demand, remaining, pace, n, now, &self.terms);
         self.reserved = self.reserved.saturating_sub(before) + slot.ledger.outstanding();
         self.touch(key, now);
         Some(g)

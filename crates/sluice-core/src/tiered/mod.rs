@@ -34,7 +34,7 @@ mod allotments;
 mod ledgers;
 mod queue;
 mod subgrants;
-pub use allotments::{Allotments, Local};
+pub use allotments::{Allotments, Live, Local};
 pub use ledgers::Ledgers;
 pub use subgrants::{Caps, SubGrants};
 
@@ -55,6 +55,9 @@ struct Standing {
     /// Its last grant was empty: until then it refuses locally, and asks
     /// it already had in flight are refused here too ([`Ledger::waiting`]).
     empty_until: Nanos,
+    /// The pace of its last grant (tokens per [`PACE_UNIT`]), held until
+    /// `expires` plus the grace (its clock may start it a little late).
+    pace: u64,
 }
 
 /// An edge told "nothing" waits an eighth of the allotment's `life` before
@@ -69,10 +72,95 @@ fn empty_wait(life: Nanos) -> Nanos {
 /// What one grant decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Grant {
-    /// Tokens the edge may spend without asking.
+    /// Tokens the edge may spend without asking, now.
     pub amount: u64,
     /// Until then (after it, the edge asks again).
     pub expires: Nanos,
+    /// Tokens more that come due evenly from the grant until `expires`
+    /// (its share of the key's refill over that time: [`Pace`]).
+    pub paced: u64,
+}
+
+impl Grant {
+    /// Nothing to spend; ask again from `now`.
+    pub fn none(now: Nanos) -> Grant {
+        Grant {
+            amount: 0,
+            expires: now,
+            paced: 0,
+        }
+    }
+}
+
+/// Pace grants are measured in tokens per this many nanoseconds (1,000 s):
+/// a limit of one a minute still has a pace.
+pub const PACE_UNIT: u128 = 1_000 * NANOS_PER_SEC;
+
+/// The refill a grant may share out as a pace (issue 23).
+///
+/// On an exhausted key a grant can only pass on what refilled since the
+/// last one, so an edge asked about once per admitted token: at 10× the
+/// limit from three apps, most of the servers' time went on asks. A pace
+/// is a share of the *rate* instead: tokens that come due at the edge
+/// evenly over the allotment's life, so one ask covers a whole life of
+/// refill. The paces of unexpired allotments never add up to more than
+/// the key's refill rate, and what an edge was paced and has not reported
+/// is reserved like any grant — so whatever comes due has refilled at the
+/// owner by then: as exact as the bucket, with one ask per life per edge.
+/// Only for keys that refill continuously (token bucket, GCRA, leaky
+/// bucket); a window refills at its end and is granted as before. And only
+/// while the bucket has room for a whole life of refill
+/// ([`Pace::for_bucket`]): a full bucket drops its refill, and tokens
+/// paced out of it would come due at the edges all the same.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pace {
+    /// What the paces of all edges share, by demand (tokens per
+    /// [`PACE_UNIT`]).
+    pub rate: u64,
+    /// Of it, what no other edge's unexpired allotment holds: this grant's
+    /// pace is at most this.
+    pub free: u64,
+}
+
+impl Pace {
+    /// No pace: a window, or an edge that cannot vest.
+    pub const NONE: Pace = Pace { rate: 0, free: 0 };
+
+    /// A key refilling `rate` tokens per [`PACE_UNIT`]; the paces other
+    /// edges hold are taken off it when granting ([`Ledger::grant_paced`]).
+    pub fn all(rate: u64) -> Pace {
+        Pace { rate, free: rate }
+    }
+
+    /// The pace a bucket refilling `rate` tokens per [`PACE_UNIT`] up to
+    /// `capacity`, with `remaining` in it now, may share out for allotments
+    /// living `life`: all of its rate when even a life of refill with
+    /// nothing spent leaves it short of full, else none. Full, a bucket
+    /// drops its refill; paced tokens would come due at the edges all the
+    /// same, beyond what it holds. Short of full for every pace's life, it
+    /// refills at least as fast as paces come due, so what an edge holds
+    /// has refilled at the owner (a property test holds this).
+    pub fn for_bucket(rate: u64, remaining: u64, capacity: u64, life: Nanos) -> Pace {
+        if remaining.saturating_add(Pace::tokens(rate, life)) <= capacity {
+            Pace::all(rate)
+        } else {
+            Pace::NONE
+        }
+    }
+
+    /// Paced tokens a pace of `rate` makes due over `span` nanoseconds.
+    pub fn tokens(rate: u64, span: Nanos) -> u64 {
+        mul_div(rate, u128::from(span), PACE_UNIT)
+    }
+
+    /// The pace that makes `tokens` due over `span` nanoseconds (rounded
+    /// down: never faster than what was granted).
+    pub fn rate_of(tokens: u64, span: Nanos) -> u64 {
+        if span == 0 {
+            return 0;
+        }
+        mul_div(tokens, PACE_UNIT, u128::from(span))
+    }
 }
 
 /// The allotments of one key.
@@ -202,7 +290,7 @@ impl Ledger {
     /// Grant `edge` its next allotment (what it did not spend of the last
     /// one given back first: [`Ledger::give_back`]). `remaining` is what the
     /// key's state leaves now (reported consumption only); `demand` the
-    /// edge's hits per second; `n` the cluster size from gossip.
+    /// edge's hits per second; `n` the cluster size from gossip. No pace.
     pub fn grant(
         &mut self,
         edge: &str,
@@ -212,12 +300,36 @@ impl Ledger {
         now: Nanos,
         terms: &Terms,
     ) -> Grant {
+        self.grant_paced(edge, demand, remaining, Pace::NONE, n, now, terms)
+    }
+
+    /// The pace the other edges' allotments hold (tokens per
+    /// [`PACE_UNIT`]): theirs until their expiry plus the grace.
+    pub fn paces_of_others(&self, edge: &str, now: Nanos, terms: &Terms) -> u64 {
+        self.edges
+            .iter()
+            .filter(|(e, s)| &***e != edge && s.expires.saturating_add(terms.grace) > now)
+            .fold(0u64, |sum, (_, s)| sum.saturating_add(s.pace))
+    }
+
+    /// [`Ledger::grant`], with a share of `pace` by demand on top: tokens
+    /// that come due at the edge over the allotment's life ([`Pace`]) —
+    /// at most `pace.free`, and never more than the other edges' unexpired
+    /// paces leave of `pace.rate`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn grant_paced(
+        &mut self,
+        edge: &str,
+        demand: u64,
+        remaining: u64,
+        pace: Pace,
+        n: u64,
+        now: Nanos,
+        terms: &Terms,
+    ) -> Grant {
         self.release_expired(now, terms);
         if !self.edges.contains_key(edge) && self.edges.len() >= terms.max_edges {
-            return Grant {
-                amount: 0,
-                expires: now,
-            };
+            return Grant::none(now);
         }
         let others_reserved = self
             .edges
@@ -228,9 +340,9 @@ impl Ledger {
         let free = remaining
             .saturating_sub(others_reserved)
             .saturating_sub(own_reserved);
-        let amount = if demand == 0 {
+        let (amount, rate) = if demand == 0 {
             // Cold: a small first allotment, never a full bucket.
-            free / (4 * n.max(1))
+            (free / (4 * n.max(1)), 0)
         } else {
             let want = mul_div(demand, u128::from(terms.ttl), NANOS_PER_SEC).max(1);
             // The free tokens are split among those who will want some of
@@ -257,8 +369,18 @@ impl Ledger {
             let unknown = u128::from(n).saturating_sub(known);
             total += unknown * all / known;
             let share = mul_div(free, u128::from(demand), total);
-            want.min(share)
+            // The pace is split by the same demands: its share of the
+            // rate, at most what its demand spends and what no other
+            // edge holds.
+            let others = self.paces_of_others(edge, now, terms);
+            let rate = mul_div(pace.rate, u128::from(demand), total)
+                .min(demand.saturating_mul(1_000))
+                .min(pace.free)
+                .min(pace.rate.saturating_sub(others));
+            (want.min(share), rate)
         };
+        let paced = Pace::tokens(rate, terms.ttl);
+        let rate = if paced == 0 { 0 } else { rate };
         let expires = now.saturating_add(terms.ttl);
         let s = self.edges.entry(Arc::from(edge)).or_insert(Standing {
             outstanding: 0,
@@ -266,18 +388,26 @@ impl Ledger {
             expires,
             seen: now,
             empty_until: 0,
+            pace: 0,
         });
         let before = s.outstanding;
-        s.outstanding = s.outstanding.saturating_add(amount);
+        s.outstanding = s.outstanding.saturating_add(amount).saturating_add(paced);
         self.outstanding += u128::from(s.outstanding - before);
         self.last_expires = self.last_expires.max(expires);
         s.demand = demand;
         s.expires = expires;
         s.seen = now;
-        if amount == 0 {
+        // The edge's pace is this grant's from now: an earlier grant's
+        // stops coming due when this one arrives ([`Allotments::granted`]).
+        s.pace = rate;
+        if amount == 0 && paced == 0 {
             s.empty_until = now.saturating_add(empty_wait(terms.ttl));
         }
-        Grant { amount, expires }
+        Grant {
+            amount,
+            expires,
+            paced,
+        }
     }
 
     /// Tokens outstanding with every edge, released or not: what

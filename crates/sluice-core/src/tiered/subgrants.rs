@@ -42,7 +42,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{Grant, Ledger, Terms};
+use super::{Grant, Ledger, Live, Pace, Terms};
 use crate::algorithm::Nanos;
 
 /// How long a client the node has not heard from is remembered (its
@@ -218,9 +218,9 @@ impl SubGrants {
     }
 
     /// Grant `client` a share of `key` from the node's live allotment of
-    /// it: `pool` tokens left, ending at `node_expires`. The caller takes
-    /// the amount out of its allotment. `demand`: the client's hits per
-    /// second. No grant (amount 0, ending now) past a bound, or when the
+    /// it (`pool`: its tokens and pace). The caller takes the amount and
+    /// the pace out of its allotment. `demand`: the client's hits per
+    /// second. No grant (nothing, ending now) past a bound, or when the
     /// node's allotment ends too soon to pass any on. Also returns the
     /// tokens of this key's lapsed sub-grants released on the way (the
     /// caller gives them back, as the sweep's).
@@ -229,14 +229,11 @@ impl SubGrants {
         key: &[u8],
         client: &str,
         demand: u64,
-        pool: u64,
-        node_expires: Nanos,
+        pool: Live,
         now: Nanos,
     ) -> (Grant, u64) {
-        let none = Grant {
-            amount: 0,
-            expires: now,
-        };
+        let none = Grant::none(now);
+        let node_expires = pool.expires;
         let life = node_expires
             .saturating_sub(now)
             .saturating_sub(self.lead)
@@ -265,8 +262,15 @@ impl SubGrants {
         // The pool is split among the clients by demand (the ledger's
         // share), none of it kept back: a node's own callers of the key are
         // the clients' asks, which spend from the node's next allotment.
-        let remaining = pool.saturating_add(ledger.reserved(now, &terms));
-        let g = ledger.grant(client, demand, remaining, 1, now, &terms);
+        let remaining = pool.tokens.saturating_add(ledger.reserved(now, &terms));
+        // The pace likewise: what the node has left of its own is free,
+        // and the clients' paces taken from it count in the split.
+        let others = ledger.paces_of_others(client, now, &terms);
+        let pace = Pace {
+            rate: pool.pace.saturating_add(others),
+            free: pool.pace,
+        };
+        let g = ledger.grant_paced(client, demand, remaining, pace, 1, now, &terms);
         if new_here && ledger.knows(client) {
             self.standings += 1;
             if let Some(c) = self.clients.get_mut(client) {
@@ -316,6 +320,15 @@ mod tests {
 
     const MS: Nanos = 1_000_000;
 
+    /// A node's live allotment of `tokens` with no pace, until `expires`.
+    fn pool(tokens: u64, expires: Nanos) -> Live {
+        Live {
+            tokens,
+            pace: 0,
+            expires,
+        }
+    }
+
     fn subgrants() -> SubGrants {
         SubGrants::new(
             Caps {
@@ -337,18 +350,23 @@ mod tests {
     #[test]
     fn a_grant_is_at_most_the_pool_and_ends_before_the_node_allotment() {
         let mut s = subgrants();
-        let (g, _) = s.grant(b"k", "a", 1_000_000, 100, 250 * MS, 0);
+        let (g, _) = s.grant(b"k", "a", 1_000_000, pool(100, 250 * MS), 0);
         assert_eq!(g.amount, 100);
         assert_eq!(g.expires, 200 * MS);
-        let (g, _) = s.grant(b"k", "a", 1_000_000, 100, 120 * MS, 10 * MS);
+        let (g, _) = s.grant(b"k", "a", 1_000_000, pool(100, 120 * MS), 10 * MS);
         assert_eq!(g.expires, 70 * MS, "the node's allotment ends at 120 ms");
-        assert_eq!(s.grant(b"k", "a", 1_000, 100, 60 * MS, 10 * MS).0.amount, 0);
+        assert_eq!(
+            s.grant(b"k", "a", 1_000, pool(100, 60 * MS), 10 * MS)
+                .0
+                .amount,
+            0
+        );
     }
 
     #[test]
     fn outstanding_is_granted_less_reported_and_returned_and_lapses_after_grace() {
         let mut s = subgrants();
-        let (g, _) = s.grant(b"k", "a", 1_000_000, 100, 250 * MS, 0);
+        let (g, _) = s.grant(b"k", "a", 1_000_000, pool(100, 250 * MS), 0);
         assert_eq!(s.outstanding(0), g.amount);
         assert!(s.reported(b"k", "a", 10));
         assert!(!s.reported(b"k", "b", 10), "b holds nothing of k");
@@ -356,7 +374,7 @@ mod tests {
         assert_eq!(s.outstanding(0), g.amount - 15);
         // A give-back beyond what it holds returns only what it held.
         assert_eq!(s.give_back(b"k", "a", 1_000), g.amount - 15);
-        let (g2, _) = s.grant(b"k", "a", 1_000_000, 40, 250 * MS, 0);
+        let (g2, _) = s.grant(b"k", "a", 1_000_000, pool(40, 250 * MS), 0);
         assert_eq!(g2.amount, 40);
         assert!(s.sweep(g2.expires + 149 * MS).is_empty());
         let released = s.sweep(g2.expires + 150 * MS);
@@ -384,9 +402,8 @@ mod tests {
     #[test]
     fn keys_per_client_clients_per_key_and_clients_are_bounded() {
         let mut s = subgrants();
-        let pool = 1_000;
         let amount = |s: &mut SubGrants, k: &[u8], c: &str, at: Nanos| {
-            s.grant(k, c, 100, pool, at + 250 * MS, at).0.amount
+            s.grant(k, c, 100, pool(1_000, at + 250 * MS), at).0.amount
         };
         assert!(amount(&mut s, b"k1", "a", 0) > 0);
         assert!(amount(&mut s, b"k2", "a", 0) > 0);
@@ -406,7 +423,7 @@ mod tests {
     #[test]
     fn a_client_holding_less_than_it_was_granted_gives_the_rest_back() {
         let mut s = subgrants();
-        let (g, _) = s.grant(b"k", "a", 1_000_000, 100, 250 * MS, 0);
+        let (g, _) = s.grant(b"k", "a", 1_000_000, pool(100, 250 * MS), 0);
         // Its answer was lost: it holds nothing, 3 spent and unreported.
         assert_eq!(s.holds_at_most(b"k", "a", 3), g.amount - 3);
         assert_eq!(s.outstanding(0), 3);
@@ -415,17 +432,17 @@ mod tests {
     #[test]
     fn a_lapsed_sub_grant_released_by_a_grant_is_returned() {
         let mut s = subgrants();
-        let (g, _) = s.grant(b"k", "a", 1_000_000, 100, 250 * MS, 0);
+        let (g, _) = s.grant(b"k", "a", 1_000_000, pool(100, 250 * MS), 0);
         let later = g.expires + 150 * MS;
-        let (_, released) = s.grant(b"k", "b", 1_000, 10, later + 250 * MS, later);
+        let (_, released) = s.grant(b"k", "b", 1_000, pool(10, later + 250 * MS), later);
         assert_eq!(released, g.amount, "a's lapsed tokens, not lost");
     }
 
     #[test]
     fn demand_counts_every_recent_client() {
         let mut s = subgrants();
-        s.grant(b"k", "a", 300, 1_000, 250 * MS, 0);
-        s.grant(b"k", "b", 100, 1_000, 250 * MS, 0);
+        s.grant(b"k", "a", 300, pool(1_000, 250 * MS), 0);
+        s.grant(b"k", "b", 100, pool(1_000, 250 * MS), 0);
         assert_eq!(s.demand(b"k", MS), 400);
         assert_eq!(
             s.demand(b"k", STANDING_MEMORY),

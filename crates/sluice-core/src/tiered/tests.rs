@@ -98,6 +98,7 @@ fn an_edge_spends_its_allotment_then_asks_with_its_demand() {
         Grant {
             amount: 8,
             expires: 100 * MS,
+            paced: 0,
         },
         0,
     );
@@ -130,6 +131,7 @@ fn an_edge_spends_its_allotment_then_asks_with_its_demand() {
         Grant {
             amount: 50,
             expires: 150 * MS,
+            paced: 0,
         },
         2 * MS,
     );
@@ -143,6 +145,7 @@ fn an_edge_spends_its_allotment_then_asks_with_its_demand() {
         Grant {
             amount: 0,
             expires: 230 * MS,
+            paced: 0,
         },
         150 * MS,
     );
@@ -219,6 +222,7 @@ fn grant_for(amount: u64, now: Nanos, life: Nanos) -> Grant {
     Grant {
         amount,
         expires: now + life,
+        paced: 0,
     }
 }
 
@@ -281,7 +285,9 @@ fn a_key_flood_costs_the_owner_bounded_work_per_key() {
     for i in 0..CAP {
         let k = format!("live{i}");
         assert!(l.open(k.as_bytes(), 0));
-        let g = l.grant(k.as_bytes(), "e", 1_000, 1_000, 2, 0).unwrap();
+        let g = l
+            .grant(k.as_bytes(), "e", 1_000, 1_000, Pace::NONE, 2, 0)
+            .unwrap();
         assert_eq!(g.amount, 100);
     }
     let before = l.examined();
@@ -354,7 +360,7 @@ fn a_flood_takes_the_room_of_the_oldest_idle_ledger() {
         let at = i as u64 * 10 * MS;
         assert!(l.open(k.as_bytes(), at));
         assert_eq!(
-            l.grant(k.as_bytes(), "e", 1_000, 1_000, 1, at)
+            l.grant(k.as_bytes(), "e", 1_000, 1_000, Pace::NONE, 1, at)
                 .unwrap()
                 .amount,
             100
@@ -408,7 +414,7 @@ fn the_orders_stay_bounded_however_often_keys_are_granted() {
         a.spend(k.as_bytes(), 1, now);
         a.granted(k.as_bytes(), grant_for(5, now, TERMS.ttl), now);
         assert!(l.open(k.as_bytes(), now));
-        l.grant(k.as_bytes(), "e", 1_000, 1_000_000, 2, now);
+        l.grant(k.as_bytes(), "e", 1_000, 1_000_000, Pace::NONE, 2, now);
         let (expiring, expired) = a.queued();
         let (wakes, idle) = l.queued();
         assert!(
@@ -509,7 +515,7 @@ proptest! {
                 0..=2 => {
                     if l.open(k.as_bytes(), now) {
                         l.give_back(k.as_bytes(), &e, n % 7);
-                        l.grant(k.as_bytes(), &e, n * 10, 1_000, 3, now);
+                        l.grant(k.as_bytes(), &e, n * 10, 1_000, Pace::NONE, 3, now);
                     }
                 }
                 3 | 4 => l.reported(k.as_bytes(), &e, n % 50),
@@ -536,7 +542,7 @@ proptest! {
 fn a_give_back_is_counted_before_it_is_applied_and_applied_once() {
     let mut l = Ledgers::new(4, TERMS);
     assert!(l.open(b"k", 0));
-    let g = l.grant(b"k", "e", 1_000, 1_000, 1, 0).unwrap();
+    let g = l.grant(b"k", "e", 1_000, 1_000, Pace::NONE, 1, 0).unwrap();
     assert_eq!((g.amount, l.reserved_of(b"k", MS)), (100, 100));
     for _ in 0..2 {
         // Counted twice (the first attempt met a stale ring): no change.
@@ -551,4 +557,281 @@ fn a_give_back_is_counted_before_it_is_applied_and_applied_once() {
     // Past the allotment's grace nothing is reserved, so nothing comes off.
     let late = 100 * MS + TERMS.grace;
     assert_eq!(l.reserved_of_after(b"k", "e", 30, late), 0);
+}
+
+/// A token bucket as the owner's state: `rate` tokens a second, `cap`
+/// at most; in thousandths of a token, so refill is exact per millisecond.
+struct Bucket {
+    rate: u64,
+    cap: u64,
+    level: i128,
+    at: Nanos,
+}
+
+impl Bucket {
+    fn full(rate: u64, cap: u64) -> Bucket {
+        Bucket {
+            rate,
+            cap,
+            level: i128::from(cap) * 1_000,
+            at: 0,
+        }
+    }
+
+    fn refill(&mut self, now: Nanos) {
+        let ms = i128::from((now - self.at) / MS);
+        self.at += (now - self.at) / MS * MS;
+        self.level = (self.level + ms * i128::from(self.rate)).min(i128::from(self.cap) * 1_000);
+    }
+
+    fn remaining(&mut self, now: Nanos) -> u64 {
+        self.refill(now);
+        u64::try_from(self.level.max(0) / 1_000).unwrap()
+    }
+
+    /// A report of `hits`: what the bucket had must cover them.
+    fn consume(&mut self, hits: u64, now: Nanos) -> bool {
+        self.refill(now);
+        self.level -= i128::from(hits) * 1_000;
+        self.level >= 0
+    }
+
+    /// The bucket's refill as a pace, if it has room for a life of it.
+    fn pace(&mut self, now: Nanos) -> Pace {
+        let remaining = self.remaining(now);
+        Pace::for_bucket(self.rate * 1_000, remaining, self.cap, TERMS.ttl)
+    }
+}
+
+/// One edge's ask against the owner's ledger over `bucket`.
+fn ask(
+    l: &mut Ledger,
+    a: &mut Allotments,
+    bucket: &mut Bucket,
+    edge: &str,
+    (demand, unused): (u64, u64),
+    now: Nanos,
+) {
+    l.give_back(edge, unused);
+    let pace = bucket.pace(now);
+    let remaining = bucket.remaining(now);
+    let g = l.grant_paced(edge, demand, remaining, pace, 3, now, &TERMS);
+    a.granted(b"k", g, now);
+}
+
+#[test]
+fn paced_tokens_come_due_evenly_and_are_waited_for_not_asked() {
+    let mut a = Allotments::new(4);
+    assert!(matches!(a.spend(b"k", 1, 0), Local::Ask { .. }));
+    // 100 tokens paced over 100 ms: one a millisecond.
+    a.granted(
+        b"k",
+        Grant {
+            amount: 0,
+            expires: 100 * MS,
+            paced: 100,
+        },
+        0,
+    );
+    // Nothing due yet: refused here, told when the token comes due.
+    assert_eq!(a.spend(b"k", 1, 0), Local::Refused { retry_after: MS });
+    assert_eq!(
+        a.spend(b"k", 1, MS),
+        Local::Admitted {
+            left: 0,
+            low: false
+        }
+    );
+    // Ten due by 11 ms; five spent in one check.
+    assert_eq!(
+        a.spend(b"k", 5, 11 * MS),
+        Local::Admitted {
+            left: 5,
+            low: false
+        }
+    );
+    assert_eq!(
+        a.spend(b"k", 10, 11 * MS),
+        Local::Refused {
+            retry_after: 5 * MS
+        }
+    );
+    // More than the pace brings before the end: ask, giving back the tokens
+    // in hand and those not yet due.
+    assert_eq!(
+        a.spend(b"k", 500, 11 * MS),
+        Local::Ask {
+            // 1 + 1 + 1 + 5 + 10 + 500 hits seen by 11 ms, over 100 ms.
+            demand: 5_180,
+            unused: 5 + 89
+        }
+    );
+    // After the ask the pace is gone: nothing more comes due.
+    assert!(matches!(
+        a.spend(b"k", 1, 50 * MS),
+        Local::Ask { unused: 0, .. }
+    ));
+}
+
+#[test]
+fn paces_are_shared_by_demand_and_never_exceed_the_rate() {
+    let mut l = Ledger::default();
+    // 1,000 tokens a second, exhausted: nothing to grant now, but the
+    // refill is shared as paces. N = 2: the edge not heard from yet is
+    // counted at the average.
+    let rate = Pace::all(1_000_000);
+    let busy = l.grant_paced("busy", 8_000, 0, rate, 2, 0, &TERMS);
+    assert_eq!(busy.amount, 0);
+    // 8,000 of 16,000 counted: half the rate, 50 tokens over 100 ms.
+    assert_eq!(busy.paced, 50);
+    let quiet = l.grant_paced("quiet", 2_000, 0, rate, 2, MS, &TERMS);
+    // 2,000 of 10,000: a fifth of the rate.
+    assert_eq!(quiet.paced, 20);
+    assert_eq!(l.paces_of_others("nobody", MS, &TERMS), 700_000);
+    // Asking again (giving back what had not come due), busy's pace is
+    // replaced: 80% now, within what quiet leaves.
+    l.give_back("busy", 50);
+    let busy = l.grant_paced("busy", 8_000, 0, rate, 2, 2 * MS, &TERMS);
+    assert_eq!(busy.paced, 80);
+    // A newcomer finds the rate taken: nothing until a pace lapses.
+    let late = l.grant_paced("late", 8_000, 0, rate, 2, 3 * MS, &TERMS);
+    assert_eq!((late.amount, late.paced), (0, 0));
+    // Paced tokens are reserved like any grant.
+    assert_eq!(l.reserved(3 * MS, &TERMS), 100);
+    // Past expiry and grace, the paces are free again.
+    let later = 500 * MS;
+    let late = l.grant_paced("late", 8_000, 0, rate, 2, later, &TERMS);
+    assert!(late.paced > 0);
+}
+
+#[test]
+fn a_node_passes_on_part_of_its_pace() {
+    let mut a = Allotments::new(4);
+    a.spend(b"k", 1, 0);
+    a.granted(
+        b"k",
+        Grant {
+            amount: 10,
+            expires: 100 * MS,
+            paced: 100,
+        },
+        0,
+    );
+    let live = a.live(b"k", 0).unwrap();
+    assert_eq!(
+        (live.tokens, live.pace, live.expires),
+        (10, 1_000_000, 100 * MS)
+    );
+    // Half the pace and 4 tokens go to an app: 50 paced tokens leave.
+    assert_eq!(a.take(b"k", 4, 500_000, 80 * MS, 0), (4, 50));
+    let live = a.live(b"k", 50 * MS).unwrap();
+    // 25 of the 50 left came due by half-time.
+    assert_eq!((live.tokens, live.pace), (6 + 25, 500_000));
+    // More pace than is left: what is left.
+    assert_eq!(a.take(b"k", 0, 9_000_000, 80 * MS, 50 * MS), (0, 25));
+    assert_eq!(a.live(b"k", 60 * MS).unwrap().pace, 0);
+    // Its pace passed on runs until 80 ms: a check it cannot cover waits
+    // rather than asks (the grantor would replace this node's pace while
+    // the apps' still come due).
+    assert_eq!(
+        a.spend(b"k", 100, 60 * MS),
+        Local::Refused {
+            retry_after: 20 * MS
+        }
+    );
+    // Within 20 ms of its end, after the pace passed on: ended here, and
+    // the next check asks, giving back what it held.
+    assert!(!a.lapse_within(b"k", 20 * MS, 70 * MS));
+    assert!(a.lapse_within(b"k", 20 * MS, 80 * MS));
+    assert!(matches!(
+        a.spend(b"k", 1, 80 * MS),
+        Local::Ask { unused: 31, .. }
+    ));
+}
+
+/// Three edges paced off one exhausted bucket, demands 8:1:1 at ten times
+/// its rate, each asking only when its allotment ends: no report ever
+/// finds the bucket short (as exact as the bucket, instant by instant),
+/// the busy edge gets its 80%, and asks are about one per edge per life —
+/// not one per refilled token.
+#[test]
+fn paced_edges_stay_within_the_bucket_with_one_ask_per_life() {
+    let mut l = Ledger::default();
+    let mut bucket = Bucket::full(1_000, 1_000);
+    let edges = ["busy", "q1", "q2"];
+    let every = [MS / 8, MS, MS]; // 8,000/s, 1,000/s, 1,000/s
+    let mut a: Vec<Allotments> = (0..3).map(|_| Allotments::new(4)).collect();
+    let (mut admitted, mut asks) = ([0u64; 3], [0u64; 3]);
+    let mut now = 0;
+    let end = 10_000 * MS;
+    while now < end {
+        for i in 0..3 {
+            if now % every[i] != 0 {
+                continue;
+            }
+            match a[i].spend(b"k", 1, now) {
+                Local::Admitted { .. } => {
+                    admitted[i] += 1;
+                    // Reported at once: the bucket must have had it.
+                    assert!(bucket.consume(1, now), "{} over at {now}", edges[i]);
+                    l.reported(edges[i], 1);
+                }
+                Local::Refused { .. } => {}
+                Local::Ask { demand, unused } => {
+                    asks[i] += 1;
+                    ask(
+                        &mut l,
+                        &mut a[i],
+                        &mut bucket,
+                        edges[i],
+                        (demand, unused),
+                        now,
+                    );
+                }
+            }
+        }
+        now += MS / 8;
+    }
+    let total: u64 = admitted.iter().sum();
+    // The exact bucket: its capacity, then its rate.
+    assert!(total <= 1_000 + 10_000, "{total}");
+    assert!(total >= 10_000, "{total}: paces leave refill unused");
+    let busy = admitted[0] * 100 / total;
+    assert!((70..=90).contains(&busy), "busy {busy}%: {admitted:?}");
+    // 100 ms lives over 10 s: about 100 asks each (an empty answer's
+    // wait adds some while the paces settle).
+    for (i, n) in asks.iter().enumerate() {
+        assert!(*n <= 200, "{}: {n} asks", edges[i]);
+    }
+}
+
+proptest! {
+    /// Whatever the edges' demands and timing, paced allotments over a
+    /// token bucket never let a report find the bucket short: whatever
+    /// comes due at an edge has refilled at the owner.
+    #[test]
+    fn paced_allotments_never_outrun_the_bucket(
+        rate in 1u64..5_000,
+        cap in 1u64..5_000,
+        ops in proptest::collection::vec((0usize..3, 0u64..20, 1u64..40), 1..300),
+    ) {
+        let mut l = Ledger::default();
+        let mut bucket = Bucket::full(rate, cap);
+        let mut a: Vec<Allotments> = (0..3).map(|_| Allotments::new(4)).collect();
+        let mut now = 0;
+        for (edge, dt, hits) in ops {
+            now += dt * MS;
+            let name = format!("e{edge}");
+            match a[edge].spend(b"k", hits, now) {
+                Local::Admitted { .. } => {
+                    prop_assert!(bucket.consume(hits, now), "{} over at {}", name, now);
+                    l.reported(&name, hits);
+                }
+                Local::Refused { .. } => {}
+                Local::Ask { demand, unused } => {
+                    ask(&mut l, &mut a[edge], &mut bucket, &name, (demand, unused), now);
+                }
+            }
+        }
+    }
 }
