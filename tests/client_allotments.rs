@@ -22,7 +22,7 @@ use sluice::proto::v1 as pb;
 use sluice::proto::v1::allotments_client::AllotmentsClient;
 
 /// The hot key's limit per second (its burst too).
-const RATE: u64 = 200;
+const RATE: u64 = 1_000;
 
 /// One test at a time: each runs three nodes and three loaded apps, and
 /// two at once on a 2-core machine would measure each other.
@@ -331,6 +331,7 @@ async fn a_report_resent_after_a_lost_acknowledgement_counts_once() {
             demand: 100,
             unused: 0,
             unreported: None,
+            pace: true,
         })
         .await
         .unwrap()

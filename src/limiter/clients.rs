@@ -17,7 +17,6 @@
 
 use super::{ItemError, Limiter, Verdict};
 use crate::algorithm::Nanos;
-use crate::lease::tiered::Pace;
 use crate::store::key;
 
 /// An app's ask answered: the decision on its check, and its sub-grant.
@@ -26,11 +25,31 @@ pub struct Allotted {
     pub verdict: Verdict,
     /// Tokens the app may spend without asking (0: none now).
     pub granted: u64,
-    /// For this long from now.
+    /// For this long from when the ask arrived (the app counts it from
+    /// when it sent it: it stops first).
     pub expires_in: Nanos,
-    /// Tokens more that come due evenly over that time (its share of this
-    /// node's pace: [`crate::lease::tiered::Pace`]).
+    /// Tokens more that come due evenly from `paced_after` after the ask
+    /// arrived until the end (its share of this node's pace:
+    /// [`crate::lease::tiered::Pace`]).
     pub paced: u64,
+    /// How long after the ask arrived the pace was lent (the check's own
+    /// decision came first, a forward to the owner included).
+    pub paced_after: Nanos,
+}
+
+/// What an app says with its ask, beside the check.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AppAsk {
+    /// Hits per second it sees for the key (sizes the grant).
+    pub demand: u64,
+    /// What it did not spend of its last sub-grant of the key.
+    pub unused: u64,
+    /// The hits of the key it spent and has not had acknowledged, when it
+    /// says (the rest of what it was granted is taken back).
+    pub unreported: Option<u64>,
+    /// It spends paced tokens as they come due, and has no other ask of
+    /// the key in flight: the grant may carry a pace.
+    pub pace: bool,
 }
 
 /// What became of an app's report.
@@ -59,34 +78,39 @@ impl Limiter {
     /// Decide an app's `check` (as [`Limiter::check_batch_within`] would)
     /// and grant it a share of this node's allotment of the key, if the
     /// key is in tiered mode and this node holds a live allotment of it.
-    /// `unused`: what the app did not spend of its last sub-grant of the
-    /// key, taken back first (it goes back to the owner with this node's
-    /// next ask); `unreported`: the hits of the key it spent and has not
-    /// had acknowledged, when it says (the rest of what it was granted is
-    /// taken back too).
+    /// What the app did not spend of its last sub-grant of the key is
+    /// taken back first (it goes back to the owner with this node's next
+    /// ask), and what it says it no longer holds ([`AppAsk`]).
     pub async fn allot(
         &self,
         check: super::Check,
         client: &str,
-        demand: u64,
-        (unused, unreported): (u64, Option<u64>),
+        ask: AppAsk,
         budget: Option<std::time::Duration>,
     ) -> Result<Allotted, ItemError> {
+        let AppAsk {
+            demand,
+            unused,
+            unreported,
+            pace: paced,
+        } = ask;
         let tiered = {
             let policies = self.shared.policies.load_full();
             self.resolve(&check, &policies)?.tiered
         };
         let on = tiered && self.shared.tiers.client_allotments_on();
+        let asked_at = self.now();
         if on {
             self.take_back(&check, client, unused, unreported);
             // This node's allotment ends too soon to pass any of it on
             // (sub-grants end a report interval before it): end it now, so
             // this check asks the owner for the next one rather than the
             // app being told "nothing" until it ends.
-            let now = self.now();
             key::with_encoded(&check.name, &check.unique_key, |k| {
                 let tiers = &self.shared.tiers;
-                tiers.allotments().lapse_within(k, tiers.client_lead(), now)
+                tiers
+                    .allotments()
+                    .lapse_within(k, tiers.client_lead(), asked_at)
             });
         }
         let (name, unique_key) = (check.name.clone(), check.unique_key.clone());
@@ -99,6 +123,7 @@ impl Limiter {
             granted: 0,
             expires_in: 0,
             paced: 0,
+            paced_after: 0,
         };
         if !on {
             return Ok(allotted);
@@ -111,44 +136,39 @@ impl Limiter {
         let grant = key::with_encoded(&name, &unique_key, |k| {
             let tiers = &self.shared.tiers;
             let pool = tiers.allotments().live(k, now)?;
-            let (g, released) = tiers.subgrants()?.grant(k, client, demand, pool, now);
-            let life = g.expires.saturating_sub(now);
-            let (took, paced) = {
+            let (g, released) = tiers
+                .subgrants()?
+                .grant(k, client, demand, (pool, paced), now);
+            let taken = {
                 let mut allotments = tiers.allotments();
                 allotments.keep(k, released);
-                let pace = Pace::rate_of(g.paced, life);
-                let (took, taken) = allotments.take(k, g.amount, pace, g.expires, now);
-                // The pace was taken until the node's allotment ends; the
-                // app's ends sooner (by a report interval): what the pace
-                // makes due between goes back to the owner with the next
-                // ask, never spent here.
-                let node_left = pool.expires.saturating_sub(now).max(1);
-                let share = u128::from(taken) * u128::from(life) / u128::from(node_left);
-                let paced = u64::try_from(share)
-                    .unwrap_or(u64::MAX)
-                    .min(g.paced)
-                    .min(taken);
-                allotments.keep(k, taken - paced);
-                (took, paced)
+                let taken = allotments.take(k, g.amount, (g.paced, g.expires), now);
+                // The pace was lent until the node's allotment ends; the
+                // app's ends sooner (by a report interval): what it makes
+                // due between goes back to the owner with the next ask,
+                // never spent here.
+                allotments.keep(k, taken.lent - taken.paced);
+                taken
             };
-            let short = (g.amount - took).saturating_add(g.paced - paced);
+            let short = (g.amount - taken.tokens).saturating_add(g.paced - taken.paced);
             if short > 0
                 && let Some(mut subgrants) = tiers.subgrants()
             {
                 subgrants.give_back(k, client, short);
             }
-            Some((took, life, paced))
+            Some((taken, g.expires))
         });
-        if let Some((granted, expires_in, paced)) = grant
-            && (granted > 0 || paced > 0)
+        if let Some((taken, expires)) = grant
+            && (taken.tokens > 0 || taken.paced > 0)
         {
             let m = &self.shared.metrics.cluster;
             m.client_grants.inc();
             m.client_granted_tokens
-                .inc_by(granted.saturating_add(paced));
-            allotted.granted = granted;
-            allotted.expires_in = expires_in;
-            allotted.paced = paced;
+                .inc_by(taken.tokens.saturating_add(taken.paced));
+            allotted.granted = taken.tokens;
+            allotted.expires_in = expires.saturating_sub(asked_at);
+            allotted.paced = taken.paced;
+            allotted.paced_after = now.saturating_sub(asked_at);
         }
         Ok(allotted)
     }

@@ -48,7 +48,7 @@ pub use crate::cluster::peers::{Forwarded, ReportOutcome};
 /// keys by: the store's types, as the limiter hands them to services.
 pub use crate::store::key::encode as encode_key;
 pub use crate::store::{TopBy, View};
-pub use clients::{Allotted, ClientAck};
+pub use clients::{Allotted, AppAsk, ClientAck};
 pub use tiered::Ask;
 pub use types::{Absorb, Check, ItemError, LimitRef, Mode, Path, Reason, Status, Verdict};
 

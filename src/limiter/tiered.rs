@@ -27,6 +27,9 @@ pub struct Ask {
     pub edge: String,
     pub demand: u64,
     pub unused: u64,
+    /// The grant may carry a pace ([`crate::lease::tiered::Pace`]),
+    /// replacing the edge's last.
+    pub pace: bool,
 }
 
 /// The tiered state of one node: its allotments as an edge, its ledgers as
@@ -258,7 +261,12 @@ impl Limiter {
                 let demand = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
                     self.tiers().asking_demand(k, demand, now)
                 });
-                Err((owner, crate::cluster::peers::TieredAsk { demand, unused }))
+                let ask = crate::cluster::peers::TieredAsk {
+                    demand,
+                    unused,
+                    pace: false,
+                };
+                Err((owner, ask))
             }
         }
     }
@@ -269,15 +277,29 @@ impl Limiter {
         r: &Resolved<'_>,
         owner: Arc<str>,
         t: &Topology,
-        ask: crate::cluster::peers::TieredAsk,
+        mut ask: crate::cluster::peers::TieredAsk,
         deadline: tokio::time::Instant,
     ) -> Verdict {
+        // At most one ask of the key that may be paced in flight: marked
+        // until its deadline (an answer after it is never applied).
+        let until = self
+            .now()
+            .saturating_add(super::route::budget_left(deadline).as_nanos() as u64);
+        ask.pace = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
+            self.tiers().allotments().ask_pace(k, until, self.now())
+        });
+        let paced = ask.pace;
         let (mut v, grant) = self.forward_asking(r, owner, t, Some(ask), deadline).await;
         if let Some(grant) = grant {
             let now = self.now();
             let grant = grant.at(now);
             key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
-                self.tiers().allotments().granted(k, grant, now)
+                let mut allotments = self.tiers().allotments();
+                if paced {
+                    allotments.granted(k, grant, now)
+                } else {
+                    allotments.granted_unpaced(k, grant, now)
+                }
             });
         }
         if v.path == Path::Owner {
@@ -306,7 +328,12 @@ impl Limiter {
             let local = self.tiers().allotments().spend(k, req.hits, now);
             match local {
                 Local::Admitted { .. } => {
-                    let d = self.decide_unreserved(k, &r.spec, req, t, now)?;
+                    // Promised tokens: counted as an edge's report is.
+                    let d = self.fenced(t.view, |fence| {
+                        self.shared
+                            .store
+                            .decide_promised(k, &r.spec, req, now, Some(fence))
+                    })?;
                     if d.reason == algorithm::Outcome::WithinLimit {
                         self.tiers().reported(k, &me, req.hits);
                     }
@@ -321,10 +348,13 @@ impl Limiter {
                     Ok(d)
                 }
                 Local::Ask { demand, unused } => {
+                    // Decided here and now: no other ask of this edge is
+                    // in flight, so its grant may be paced.
                     let ask = Ask {
                         edge: me.to_string(),
                         demand: self.tiers().asking_demand(k, demand, now),
                         unused,
+                        pace: true,
                     };
                     let (d, grant) = self.decide_reserving(k, &r.spec, req, t, now, Some(&ask))?;
                     if let Some(grant) = grant {
@@ -416,7 +446,10 @@ impl Limiter {
                     &ask.edge,
                     ask.demand,
                     decision.remaining,
-                    refill_pace(spec, decision.remaining, tiers.terms.ttl),
+                    ask.pace.then(|| {
+                        let owes = self.shared.store.owed(k, now);
+                        refill_pace(spec, (decision.remaining, owes), tiers.terms.ttl)
+                    }),
                     t.size.max(1),
                     now,
                 )
@@ -440,11 +473,11 @@ impl Limiter {
 /// The refill a tiered key's grants may share out as paces ([`Pace`]):
 /// buckets refill continuously, `limit` per `duration`; windows refill at
 /// their end and get none.
-fn refill_pace(spec: &Spec, remaining: u64, life: Nanos) -> Pace {
+fn refill_pace(spec: &Spec, left: (u64, u64), life: Nanos) -> Pace {
     if !spec.algorithm().is_bucket() || spec.limit() == 0 {
         return Pace::NONE;
     }
     let rate = u128::from(spec.limit()) * PACE_UNIT / u128::from(spec.duration().max(1));
     let rate = u64::try_from(rate).unwrap_or(u64::MAX);
-    Pace::for_bucket(rate, remaining, spec.capacity(), life)
+    Pace::for_bucket(rate, left, spec.capacity(), life)
 }

@@ -8,7 +8,7 @@ use tonic::{Request, Response, Status};
 use super::admission::Admission;
 use super::wire;
 use crate::config::Limits;
-use crate::limiter::{ClientAck, Limiter};
+use crate::limiter::{AppAsk, ClientAck, Limiter};
 use crate::proto::v1 as pb;
 use crate::proto::v1::allotments_server::Allotments;
 
@@ -66,6 +66,7 @@ impl Allotments for AllotmentsService {
                 granted: 0,
                 expires_in_us: 0,
                 paced: 0,
+                paced_after_us: 0,
             }));
         };
         let check = wire::check_from_wire(&mut r, &self.limits);
@@ -75,24 +76,29 @@ impl Allotments for AllotmentsService {
                     .allot(
                         check,
                         client,
-                        ask.demand,
-                        (ask.unused, ask.unreported),
+                        AppAsk {
+                            demand: ask.demand,
+                            unused: ask.unused,
+                            unreported: ask.unreported,
+                            pace: ask.pace,
+                        },
                         budget,
                     )
                     .await
             }
             Err(e) => Err(e),
         };
-        let (mut response, granted, expires_in_us, paced) = match outcome {
+        let (mut response, granted, expires_in_us, (paced, paced_after_us)) = match outcome {
             Ok(a) => (
                 wire::verdict_to_wire(&a.verdict, self.limiter.now()),
                 a.granted,
                 a.expires_in / 1_000,
-                a.paced,
+                // Rounded up: the app starts the pace no earlier than lent.
+                (a.paced, a.paced_after.div_ceil(1_000)),
             ),
             Err(e) => {
                 self.limiter.metrics().invalid(e.field);
-                (wire::error_to_wire(&e), 0, 0, 0)
+                (wire::error_to_wire(&e), 0, 0, (0, 0))
             }
         };
         response.request_id = r.request_id;
@@ -102,6 +108,7 @@ impl Allotments for AllotmentsService {
             granted,
             expires_in_us,
             paced,
+            paced_after_us,
         }))
     }
 

@@ -66,6 +66,7 @@ impl PeerService {
             edge: from.to_string(),
             demand: a.demand,
             unused: a.unused,
+            pace: a.pace,
         });
         // A protocol-3 edge sends how long it still waits (its clock and
         // this node's need not agree); a protocol-2 edge, its deadline.

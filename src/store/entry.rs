@@ -414,6 +414,17 @@ impl Entry {
         self.last_seen
     }
 
+    /// What the key owes at `now`: consumption beyond its capacity
+    /// (reports and folds absorbed into a state with nothing left).
+    pub fn owed(&self, now: Nanos) -> u64 {
+        if self.spec.limit() == 0 {
+            return 0;
+        }
+        self.state
+            .consumed(&self.spec, now)
+            .saturating_sub(self.spec.capacity())
+    }
+
     pub fn view(&self, now: Nanos) -> View {
         let spec = *self.spec;
         let mut state = self.state.clone();

@@ -201,6 +201,53 @@ impl Store {
         Ok(decision)
     }
 
+    /// [`Store::decide_fenced`] for hits already promised (a tiered owner
+    /// spending its own allotment): counted even if the state has nothing
+    /// left — into debt, as an edge's report of the same spending would be
+    /// — in the same lock step as the decision. After a key moves, its new
+    /// owner's state may owe what the old one promised (counted as
+    /// consumed, and counted again as edges report it); refusing the
+    /// owner's own promised tokens then would leave the owner alone to pay
+    /// it while every edge spends its full share (seen: the new owner
+    /// admitted nothing for 3 s in the scale-out test).
+    pub fn decide_promised(
+        &self,
+        key: &[u8],
+        spec: &Spec,
+        req: Cost,
+        now: Nanos,
+        fence: Option<Fence<'_>>,
+    ) -> Result<Decision, Stale> {
+        let found = self.map.with_mut(key, |e| {
+            self.fenced(fence)?;
+            let (decision, grew) = self.metered(key.len(), e, |e| {
+                let mut d = e.decide(spec, req, now);
+                if d.reason != crate::algorithm::Outcome::WithinLimit && req.hits <= spec.capacity()
+                {
+                    e.fold(req.hits, now);
+                    d.reason = crate::algorithm::Outcome::WithinLimit;
+                    d.remaining = 0;
+                    d.retry_after = None;
+                }
+                d
+            });
+            if req.hits > 0 {
+                self.changed(key, e);
+            }
+            Ok((decision, grew))
+        });
+        match found {
+            Some(done) => {
+                let (decision, grew) = done?;
+                self.after_growth(grew, now);
+                Ok(decision)
+            }
+            // Not here (evicted, or not yet taken over): a fresh count
+            // decides, as for any check.
+            None => self.decide_fenced(key, spec, req, now, Seed::Fresh, fence),
+        }
+    }
+
     /// [`Store::decide_fenced`] on a key in the table (found at once, or by
     /// the insert's lookup), under its shard's lock; and whether it grew.
     #[inline(always)]
@@ -420,6 +467,11 @@ impl Store {
             let v = e.view(now);
             (v.spec, v.remaining)
         })
+    }
+
+    /// What the key owes at `now` ([`Entry::owed`]); 0 if not in memory.
+    pub fn owed(&self, key: &[u8], now: Nanos) -> u64 {
+        self.map.with(key, |e| e.owed(now)).unwrap_or(0)
     }
 
     /// The key's whole entry, to send to another node.

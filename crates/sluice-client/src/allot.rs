@@ -447,6 +447,8 @@ impl Allotter {
                 demand,
                 unused,
                 unreported: Some(unreported),
+                // One ask per key in flight here: its grant may be paced.
+                pace: true,
             })
             .await;
         let answer = match answer {
@@ -463,9 +465,16 @@ impl Allotter {
             .ok_or_else(|| tonic::Status::internal("an Allot answer with no response"))?;
         if response.error.is_none() {
             let k = encode(check);
+            // Both counted from when the ask was sent (the node counts
+            // from when it arrived): this allotment ends before the
+            // node's, and its pace runs at the rate the node lent, ahead
+            // of it by no more than the ask's trip to the node.
+            let expires = sent.saturating_add(answer.expires_in_us.saturating_mul(1_000));
+            let since = sent.saturating_add(answer.paced_after_us.saturating_mul(1_000));
+            let received = self.now();
             let grant = Grant {
                 amount: answer.granted,
-                expires: sent.saturating_add(answer.expires_in_us.saturating_mul(1_000)),
+                expires,
                 paced: answer.paced,
             };
             let mut t = self.table();
@@ -494,7 +503,7 @@ impl Allotter {
             }
             if t.keys.len() < self.max_keys.saturating_mul(2) || t.keys.contains_key(&k[..]) {
                 t.keys.insert(Arc::from(&k[..]), key);
-                t.allotments.granted(&k, grant, self.now());
+                t.allotments.granted_since(&k, grant, since, received);
                 if grant.amount > 0 || grant.paced > 0 {
                     self.stats.grants.fetch_add(1, Ordering::Relaxed);
                     self.stats

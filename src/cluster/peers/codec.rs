@@ -95,6 +95,7 @@ pub(super) fn forward_to_wire(f: &Forward) -> pb::ForwardItem {
         tiered: f.tiered.map(|a| pb::TieredAsk {
             demand: a.demand,
             unused: a.unused,
+            pace: a.pace,
         }),
         budget_ns: f.budget_ns,
     }

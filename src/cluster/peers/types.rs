@@ -60,6 +60,9 @@ pub struct TieredAsk {
     pub demand: u64,
     /// What is left of its current allotment (returned to the owner).
     pub unused: u64,
+    /// The grant may carry a pace, replacing the edge's last (no other
+    /// such ask of the edge is in flight).
+    pub pace: bool,
 }
 
 /// Why states are pushed to a peer.

@@ -28,7 +28,11 @@ struct Allotment {
     /// (moved into `tokens`).
     paced: u64,
     pace_from: Nanos,
+    pace_until: Nanos,
     due: u64,
+    /// An ask that may be paced is in flight until then (its deadline):
+    /// other asks meanwhile get tokens only ([`Allotments::ask_pace`]).
+    pace_asked_until: Nanos,
     /// Part of its pace was passed on ([`Allotments::take`]) until then:
     /// an ask before it is not sent. The grantor replaces this edge's pace
     /// with the next grant's, and the pace passed on still comes due
@@ -54,7 +58,9 @@ impl Allotment {
             empty_until: 0,
             paced: 0,
             pace_from: now,
+            pace_until: now,
             due: 0,
+            pace_asked_until: 0,
             lent_until: 0,
             last_grant: 0,
             low_signalled: false,
@@ -70,8 +76,8 @@ impl Allotment {
         if self.paced == self.due {
             return 0;
         }
-        let at = now.min(self.expires);
-        let span = self.expires.saturating_sub(self.pace_from);
+        let at = now.min(self.pace_until);
+        let span = self.pace_until.saturating_sub(self.pace_from);
         let due = if span == 0 {
             self.paced
         } else {
@@ -96,10 +102,10 @@ impl Allotment {
     /// before the allotment ends.
     fn due_in(&self, hits: u64, now: Nanos) -> Option<Nanos> {
         let short = hits.saturating_sub(self.tokens);
-        if short > self.not_due() || now >= self.expires {
+        if short > self.not_due() || now >= self.pace_until {
             return None;
         }
-        let span = self.expires.saturating_sub(self.pace_from);
+        let span = self.pace_until.saturating_sub(self.pace_from);
         // The instant `due` reaches `due + short`: ceil(span × due' / paced).
         let target = u128::from(self.due + short) * u128::from(span);
         let at = self
@@ -145,6 +151,18 @@ pub struct Live {
     /// The pace still to come, tokens per [`super::PACE_UNIT`] (0: none).
     pub pace: u64,
     pub expires: Nanos,
+}
+
+/// What [`Allotments::take`] took.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Taken {
+    /// Tokens now.
+    pub tokens: u64,
+    /// Paced tokens for the sub-grant, due evenly until its end.
+    pub paced: u64,
+    /// Paced tokens no longer this edge's: `paced`, and what the same pace
+    /// makes due after the sub-grant ends (to give back).
+    pub lent: u64,
 }
 
 /// What the edge should do with one tiered check.
@@ -301,11 +319,56 @@ impl Allotments {
         }
     }
 
-    /// The owner's answer to an ask: the next allotment. Several asks for
-    /// one key can be out at once (a batch of its checks); their grants add
-    /// up — each ask already gave back what was left when it was made, so
-    /// overwriting would lose tokens the owner still counts as promised.
+    /// The owner's answer to an ask that may be paced
+    /// ([`Allotments::ask_pace`]): the next allotment, its pace replacing
+    /// the last. Several asks for one key can be out at once (a batch of
+    /// its checks); their tokens add up — each ask already gave back what
+    /// was left when it was made, so overwriting would lose tokens the
+    /// owner still counts as promised.
     pub fn granted(&mut self, key: &[u8], grant: Grant, now: Nanos) {
+        self.apply(key, grant, (true, now), now);
+    }
+
+    /// [`Allotments::granted`], its paced tokens coming due from `since`
+    /// (before `now`: an app's grant, lent by its node from a moment
+    /// before its answer arrived; what came due meanwhile is in hand).
+    pub fn granted_since(&mut self, key: &[u8], grant: Grant, since: Nanos, now: Nanos) {
+        self.apply(key, grant, (true, since.min(now)), now);
+    }
+
+    /// The answer to an ask sent while one that may be paced was in
+    /// flight: its tokens only; the pace stays as it is (so does the
+    /// grantor's count of it).
+    pub fn granted_unpaced(&mut self, key: &[u8], grant: Grant, now: Nanos) {
+        let grant = Grant { paced: 0, ..grant };
+        self.apply(key, grant, (false, now), now);
+    }
+
+    /// Whether an ask of `key` sent now may be paced — no other such ask
+    /// is in flight — and if so, mark one in flight until `until` (its
+    /// deadline: an answer is applied before it or never). At most one
+    /// paced grant per edge in flight: the grantor replaces the edge's
+    /// pace with each, so two arriving out of order would leave the edge
+    /// on a pace the grantor no longer counts.
+    pub fn ask_pace(&mut self, key: &[u8], until: Nanos, now: Nanos) -> bool {
+        match self.keys.get_mut(key) {
+            Some(a) if now >= a.pace_asked_until => {
+                a.pace_asked_until = until;
+                true
+            }
+            Some(_) => false,
+            // No entry (the table was full): nothing to pace into.
+            None => false,
+        }
+    }
+
+    fn apply(
+        &mut self,
+        key: &[u8],
+        grant: Grant,
+        (replaces_pace, since): (bool, Nanos),
+        now: Nanos,
+    ) {
         let Some(k) = self.keys.get_key_value(key).map(|(k, _)| k.clone()) else {
             return;
         };
@@ -323,19 +386,24 @@ impl Allotments {
                 self.held = self.held.saturating_add(u128::from(moved));
             }
         }
-        // An earlier grant's pace stops here: the grantor now holds this
-        // grant's pace for the edge, not the sum (its unpaid rest stays
-        // reserved there until it lapses — refusing a little, never
-        // admitting more than the rate).
-        a.paced = 0;
-        a.due = 0;
+        if replaces_pace {
+            // The grantor now counts this grant's pace for the edge. An
+            // earlier one stopped when the edge asked; anything of it
+            // still to come goes back (none, unless a caller granted
+            // without asking).
+            a.returned = a.returned.saturating_add(a.not_due());
+            a.paced = 0;
+            a.due = 0;
+            a.pace_asked_until = 0;
+            if grant.paced > 0 {
+                a.paced = grant.paced;
+                a.pace_from = since;
+                a.pace_until = grant.expires;
+            }
+        }
         if grant.amount == 0 && grant.paced == 0 {
             a.empty_until = now.saturating_add(empty_wait(grant.expires.saturating_sub(now)));
             return;
-        }
-        if grant.paced > 0 {
-            a.paced = grant.paced;
-            a.pace_from = now;
         }
         a.empty_until = 0;
         a.last_grant = grant.amount;
@@ -366,30 +434,34 @@ impl Allotments {
         }
         Some(Live {
             tokens: a.tokens,
-            pace: Pace::rate_of(a.not_due(), a.expires - now),
+            pace: Pace::rate_of(a.not_due(), a.pace_until.saturating_sub(now)),
             expires: a.expires,
         })
     }
 
-    /// Take `amount` tokens and a pace of `pace` (tokens per
-    /// [`super::PACE_UNIT`]) until `until` out of the key's unexpired
-    /// allotment without spending them (a node passing them on as a
-    /// sub-grant: the app spends them and reports, or they come back
-    /// through [`Allotments::keep`]: given back, never spent here again).
-    /// Takes at most what it holds; returns the tokens, and the paced
-    /// tokens the pace taken makes due until this allotment ends (no
-    /// longer this node's). While a pace passed on runs, this edge does
-    /// not ask again.
+    /// Take `amount` tokens, and `paced` tokens coming due evenly from now
+    /// until `until`, out of the key's unexpired allotment without
+    /// spending them (a node passing them on as a sub-grant: the app
+    /// spends them and reports, or they come back through
+    /// [`Allotments::keep`]: given back, never spent here again). The pace
+    /// they need is taken for the rest of this allotment's pace: what it
+    /// makes due after `until` is lent too (the caller keeps it to give
+    /// back). Takes at most what it holds. While a pace passed on runs,
+    /// this edge does not ask again.
     pub fn take(
         &mut self,
         key: &[u8],
         amount: u64,
-        pace: u64,
-        until: Nanos,
+        (paced, until): (u64, Nanos),
         now: Nanos,
-    ) -> (u64, u64) {
+    ) -> Taken {
+        let none = Taken {
+            tokens: 0,
+            paced: 0,
+            lent: 0,
+        };
         let Some(a) = self.keys.get_mut(key).filter(|a| now < a.expires) else {
-            return (0, 0);
+            return none;
         };
         let moved = a.come_due(now);
         if a.counted {
@@ -400,18 +472,38 @@ impl Allotments {
         if a.counted {
             self.held = self.held.saturating_sub(u128::from(took));
         }
-        let left = a.expires - now;
+        let left = a.pace_until.saturating_sub(now);
+        let span = until.min(a.pace_until).saturating_sub(now);
         let not_due = a.not_due();
-        let paced = Pace::tokens(pace, left).min(not_due);
-        if paced == 0 {
-            return (took, 0);
+        if paced == 0 || span == 0 || not_due == 0 {
+            return Taken {
+                tokens: took,
+                ..none
+            };
         }
-        // What is left to come due, from now, less what was taken.
-        a.paced = not_due - paced;
+        // The pace `paced` over `span` needs, over all `left`: rounded up
+        // (lent never slower than given); at most what is still to come,
+        // and then what that gives over `span`, rounded down.
+        let need = u128::from(paced) * u128::from(left);
+        let need = u64::try_from(need.div_ceil(u128::from(span))).unwrap_or(u64::MAX);
+        let (lent, given) = if need <= not_due {
+            (need, paced)
+        } else {
+            (
+                not_due,
+                mul_div(not_due, u128::from(span), u128::from(left)),
+            )
+        };
+        // What is left to come due, from now, less what was lent.
+        a.paced = not_due - lent;
         a.due = 0;
         a.pace_from = now;
-        a.lent_until = a.lent_until.max(until.min(a.expires));
-        (took, paced)
+        a.lent_until = a.lent_until.max(until.min(a.pace_until));
+        Taken {
+            tokens: took,
+            paced: given,
+            lent,
+        }
     }
 
     /// If the key's allotment ends within `within` of `now`, end it here:

@@ -168,7 +168,7 @@ impl Ledgers {
         edge: &str,
         demand: u64,
         remaining: u64,
-        pace: Pace,
+        pace: Option<Pace>,
         n: u64,
         now: Nanos,
     ) -> Option<Grant> {

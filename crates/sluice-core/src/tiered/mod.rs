@@ -34,7 +34,7 @@ mod allotments;
 mod ledgers;
 mod queue;
 mod subgrants;
-pub use allotments::{Allotments, Live, Local};
+pub use allotments::{Allotments, Live, Local, Taken};
 pub use ledgers::Ledgers;
 pub use subgrants::{Caps, SubGrants};
 
@@ -140,8 +140,19 @@ impl Pace {
     /// same, beyond what it holds. Short of full for every pace's life, it
     /// refills at least as fast as paces come due, so what an edge holds
     /// has refilled at the owner (a property test holds this).
-    pub fn for_bucket(rate: u64, remaining: u64, capacity: u64, life: Nanos) -> Pace {
-        if remaining.saturating_add(Pace::tokens(rate, life)) <= capacity {
+    ///
+    /// None either while the bucket `owes` tokens (consumption absorbed
+    /// beyond it: promises folded in when the key moved, late reports):
+    /// paces would spend its refill as fast as it comes and the debt would
+    /// never be paid — admitting, over the run, what it owes beyond the
+    /// limit.
+    pub fn for_bucket(
+        rate: u64,
+        (remaining, owes): (u64, u64),
+        capacity: u64,
+        life: Nanos,
+    ) -> Pace {
+        if owes == 0 && remaining.saturating_add(Pace::tokens(rate, life)) <= capacity {
             Pace::all(rate)
         } else {
             Pace::NONE
@@ -300,7 +311,7 @@ impl Ledger {
         now: Nanos,
         terms: &Terms,
     ) -> Grant {
-        self.grant_paced(edge, demand, remaining, Pace::NONE, n, now, terms)
+        self.grant_paced(edge, demand, remaining, None, n, now, terms)
     }
 
     /// The pace the other edges' allotments hold (tokens per
@@ -316,17 +327,27 @@ impl Ledger {
     /// that come due at the edge over the allotment's life ([`Pace`]) —
     /// at most `pace.free`, and never more than the other edges' unexpired
     /// paces leave of `pace.rate`.
+    ///
+    /// `pace` is None for an ask sent while another of the edge's asks
+    /// that may be paced is in flight ([`Allotments::ask_pace`]): it gets
+    /// tokens only, and the edge's pace stays as it is. Some (even
+    /// [`Pace::NONE`]) replaces the edge's pace with this grant's: the
+    /// edge stopped its own when it asked, and at most one such ask of an
+    /// edge is in flight — so, in whatever order grants arrive, the pace
+    /// coming due at the edge is the one counted here.
     #[allow(clippy::too_many_arguments)]
     pub fn grant_paced(
         &mut self,
         edge: &str,
         demand: u64,
         remaining: u64,
-        pace: Pace,
+        pace: Option<Pace>,
         n: u64,
         now: Nanos,
         terms: &Terms,
     ) -> Grant {
+        let replaces = pace.is_some();
+        let pace = pace.unwrap_or(Pace::NONE);
         self.release_expired(now, terms);
         if !self.edges.contains_key(edge) && self.edges.len() >= terms.max_edges {
             return Grant::none(now);
@@ -398,8 +419,10 @@ impl Ledger {
         s.expires = expires;
         s.seen = now;
         // The edge's pace is this grant's from now: an earlier grant's
-        // stops coming due when this one arrives ([`Allotments::granted`]).
-        s.pace = rate;
+        // stopped when the edge asked ([`Allotments::spend`]).
+        if replaces {
+            s.pace = rate;
+        }
         if amount == 0 && paced == 0 {
             s.empty_until = now.saturating_add(empty_wait(terms.ttl));
         }

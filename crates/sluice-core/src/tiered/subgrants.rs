@@ -219,7 +219,9 @@ impl SubGrants {
 
     /// Grant `client` a share of `key` from the node's live allotment of
     /// it (`pool`: its tokens and pace). The caller takes the amount and
-    /// the pace out of its allotment. `demand`: the client's hits per
+    /// the pace out of its allotment. `paced`: the client asked for a pace
+    /// (it has no other ask of the key in flight; an older client does
+    /// not, and gets tokens only). `demand`: the client's hits per
     /// second. No grant (nothing, ending now) past a bound, or when the
     /// node's allotment ends too soon to pass any on. Also returns the
     /// tokens of this key's lapsed sub-grants released on the way (the
@@ -229,7 +231,7 @@ impl SubGrants {
         key: &[u8],
         client: &str,
         demand: u64,
-        pool: Live,
+        (pool, paced): (Live, bool),
         now: Nanos,
     ) -> (Grant, u64) {
         let none = Grant::none(now);
@@ -266,10 +268,10 @@ impl SubGrants {
         // The pace likewise: what the node has left of its own is free,
         // and the clients' paces taken from it count in the split.
         let others = ledger.paces_of_others(client, now, &terms);
-        let pace = Pace {
+        let pace = paced.then_some(Pace {
             rate: pool.pace.saturating_add(others),
             free: pool.pace,
-        };
+        });
         let g = ledger.grant_paced(client, demand, remaining, pace, 1, now, &terms);
         if new_here && ledger.knows(client) {
             self.standings += 1;
@@ -350,13 +352,13 @@ mod tests {
     #[test]
     fn a_grant_is_at_most_the_pool_and_ends_before_the_node_allotment() {
         let mut s = subgrants();
-        let (g, _) = s.grant(b"k", "a", 1_000_000, pool(100, 250 * MS), 0);
+        let (g, _) = s.grant(b"k", "a", 1_000_000, (pool(100, 250 * MS), true), 0);
         assert_eq!(g.amount, 100);
         assert_eq!(g.expires, 200 * MS);
-        let (g, _) = s.grant(b"k", "a", 1_000_000, pool(100, 120 * MS), 10 * MS);
+        let (g, _) = s.grant(b"k", "a", 1_000_000, (pool(100, 120 * MS), true), 10 * MS);
         assert_eq!(g.expires, 70 * MS, "the node's allotment ends at 120 ms");
         assert_eq!(
-            s.grant(b"k", "a", 1_000, pool(100, 60 * MS), 10 * MS)
+            s.grant(b"k", "a", 1_000, (pool(100, 60 * MS), true), 10 * MS)
                 .0
                 .amount,
             0
@@ -366,7 +368,7 @@ mod tests {
     #[test]
     fn outstanding_is_granted_less_reported_and_returned_and_lapses_after_grace() {
         let mut s = subgrants();
-        let (g, _) = s.grant(b"k", "a", 1_000_000, pool(100, 250 * MS), 0);
+        let (g, _) = s.grant(b"k", "a", 1_000_000, (pool(100, 250 * MS), true), 0);
         assert_eq!(s.outstanding(0), g.amount);
         assert!(s.reported(b"k", "a", 10));
         assert!(!s.reported(b"k", "b", 10), "b holds nothing of k");
@@ -374,7 +376,7 @@ mod tests {
         assert_eq!(s.outstanding(0), g.amount - 15);
         // A give-back beyond what it holds returns only what it held.
         assert_eq!(s.give_back(b"k", "a", 1_000), g.amount - 15);
-        let (g2, _) = s.grant(b"k", "a", 1_000_000, pool(40, 250 * MS), 0);
+        let (g2, _) = s.grant(b"k", "a", 1_000_000, (pool(40, 250 * MS), true), 0);
         assert_eq!(g2.amount, 40);
         assert!(s.sweep(g2.expires + 149 * MS).is_empty());
         let released = s.sweep(g2.expires + 150 * MS);
@@ -403,7 +405,9 @@ mod tests {
     fn keys_per_client_clients_per_key_and_clients_are_bounded() {
         let mut s = subgrants();
         let amount = |s: &mut SubGrants, k: &[u8], c: &str, at: Nanos| {
-            s.grant(k, c, 100, pool(1_000, at + 250 * MS), at).0.amount
+            s.grant(k, c, 100, (pool(1_000, at + 250 * MS), true), at)
+                .0
+                .amount
         };
         assert!(amount(&mut s, b"k1", "a", 0) > 0);
         assert!(amount(&mut s, b"k2", "a", 0) > 0);
@@ -423,7 +427,7 @@ mod tests {
     #[test]
     fn a_client_holding_less_than_it_was_granted_gives_the_rest_back() {
         let mut s = subgrants();
-        let (g, _) = s.grant(b"k", "a", 1_000_000, pool(100, 250 * MS), 0);
+        let (g, _) = s.grant(b"k", "a", 1_000_000, (pool(100, 250 * MS), true), 0);
         // Its answer was lost: it holds nothing, 3 spent and unreported.
         assert_eq!(s.holds_at_most(b"k", "a", 3), g.amount - 3);
         assert_eq!(s.outstanding(0), 3);
@@ -432,17 +436,17 @@ mod tests {
     #[test]
     fn a_lapsed_sub_grant_released_by_a_grant_is_returned() {
         let mut s = subgrants();
-        let (g, _) = s.grant(b"k", "a", 1_000_000, pool(100, 250 * MS), 0);
+        let (g, _) = s.grant(b"k", "a", 1_000_000, (pool(100, 250 * MS), true), 0);
         let later = g.expires + 150 * MS;
-        let (_, released) = s.grant(b"k", "b", 1_000, pool(10, later + 250 * MS), later);
+        let (_, released) = s.grant(b"k", "b", 1_000, (pool(10, later + 250 * MS), true), later);
         assert_eq!(released, g.amount, "a's lapsed tokens, not lost");
     }
 
     #[test]
     fn demand_counts_every_recent_client() {
         let mut s = subgrants();
-        s.grant(b"k", "a", 300, pool(1_000, 250 * MS), 0);
-        s.grant(b"k", "b", 100, pool(1_000, 250 * MS), 0);
+        s.grant(b"k", "a", 300, (pool(1_000, 250 * MS), true), 0);
+        s.grant(b"k", "b", 100, (pool(1_000, 250 * MS), true), 0);
         assert_eq!(s.demand(b"k", MS), 400);
         assert_eq!(
             s.demand(b"k", STANDING_MEMORY),

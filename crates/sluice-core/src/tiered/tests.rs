@@ -286,7 +286,7 @@ fn a_key_flood_costs_the_owner_bounded_work_per_key() {
         let k = format!("live{i}");
         assert!(l.open(k.as_bytes(), 0));
         let g = l
-            .grant(k.as_bytes(), "e", 1_000, 1_000, Pace::NONE, 2, 0)
+            .grant(k.as_bytes(), "e", 1_000, 1_000, None, 2, 0)
             .unwrap();
         assert_eq!(g.amount, 100);
     }
@@ -360,7 +360,7 @@ fn a_flood_takes_the_room_of_the_oldest_idle_ledger() {
         let at = i as u64 * 10 * MS;
         assert!(l.open(k.as_bytes(), at));
         assert_eq!(
-            l.grant(k.as_bytes(), "e", 1_000, 1_000, Pace::NONE, 1, at)
+            l.grant(k.as_bytes(), "e", 1_000, 1_000, None, 1, at)
                 .unwrap()
                 .amount,
             100
@@ -414,7 +414,7 @@ fn the_orders_stay_bounded_however_often_keys_are_granted() {
         a.spend(k.as_bytes(), 1, now);
         a.granted(k.as_bytes(), grant_for(5, now, TERMS.ttl), now);
         assert!(l.open(k.as_bytes(), now));
-        l.grant(k.as_bytes(), "e", 1_000, 1_000_000, Pace::NONE, 2, now);
+        l.grant(k.as_bytes(), "e", 1_000, 1_000_000, None, 2, now);
         let (expiring, expired) = a.queued();
         let (wakes, idle) = l.queued();
         assert!(
@@ -515,7 +515,7 @@ proptest! {
                 0..=2 => {
                     if l.open(k.as_bytes(), now) {
                         l.give_back(k.as_bytes(), &e, n % 7);
-                        l.grant(k.as_bytes(), &e, n * 10, 1_000, Pace::NONE, 3, now);
+                        l.grant(k.as_bytes(), &e, n * 10, 1_000, None, 3, now);
                     }
                 }
                 3 | 4 => l.reported(k.as_bytes(), &e, n % 50),
@@ -542,7 +542,7 @@ proptest! {
 fn a_give_back_is_counted_before_it_is_applied_and_applied_once() {
     let mut l = Ledgers::new(4, TERMS);
     assert!(l.open(b"k", 0));
-    let g = l.grant(b"k", "e", 1_000, 1_000, Pace::NONE, 1, 0).unwrap();
+    let g = l.grant(b"k", "e", 1_000, 1_000, None, 1, 0).unwrap();
     assert_eq!((g.amount, l.reserved_of(b"k", MS)), (100, 100));
     for _ in 0..2 {
         // Counted twice (the first attempt met a stale ring): no change.
@@ -599,7 +599,8 @@ impl Bucket {
     /// The bucket's refill as a pace, if it has room for a life of it.
     fn pace(&mut self, now: Nanos) -> Pace {
         let remaining = self.remaining(now);
-        Pace::for_bucket(self.rate * 1_000, remaining, self.cap, TERMS.ttl)
+        let owes = u64::try_from((-self.level).max(0) / 1_000).unwrap();
+        Pace::for_bucket(self.rate * 1_000, (remaining, owes), self.cap, TERMS.ttl)
     }
 }
 
@@ -615,7 +616,7 @@ fn ask(
     l.give_back(edge, unused);
     let pace = bucket.pace(now);
     let remaining = bucket.remaining(now);
-    let g = l.grant_paced(edge, demand, remaining, pace, 3, now, &TERMS);
+    let g = l.grant_paced(edge, demand, remaining, Some(pace), 3, now, &TERMS);
     a.granted(b"k", g, now);
 }
 
@@ -680,27 +681,27 @@ fn paces_are_shared_by_demand_and_never_exceed_the_rate() {
     // refill is shared as paces. N = 2: the edge not heard from yet is
     // counted at the average.
     let rate = Pace::all(1_000_000);
-    let busy = l.grant_paced("busy", 8_000, 0, rate, 2, 0, &TERMS);
+    let busy = l.grant_paced("busy", 8_000, 0, Some(rate), 2, 0, &TERMS);
     assert_eq!(busy.amount, 0);
     // 8,000 of 16,000 counted: half the rate, 50 tokens over 100 ms.
     assert_eq!(busy.paced, 50);
-    let quiet = l.grant_paced("quiet", 2_000, 0, rate, 2, MS, &TERMS);
+    let quiet = l.grant_paced("quiet", 2_000, 0, Some(rate), 2, MS, &TERMS);
     // 2,000 of 10,000: a fifth of the rate.
     assert_eq!(quiet.paced, 20);
     assert_eq!(l.paces_of_others("nobody", MS, &TERMS), 700_000);
     // Asking again (giving back what had not come due), busy's pace is
     // replaced: 80% now, within what quiet leaves.
     l.give_back("busy", 50);
-    let busy = l.grant_paced("busy", 8_000, 0, rate, 2, 2 * MS, &TERMS);
+    let busy = l.grant_paced("busy", 8_000, 0, Some(rate), 2, 2 * MS, &TERMS);
     assert_eq!(busy.paced, 80);
     // A newcomer finds the rate taken: nothing until a pace lapses.
-    let late = l.grant_paced("late", 8_000, 0, rate, 2, 3 * MS, &TERMS);
+    let late = l.grant_paced("late", 8_000, 0, Some(rate), 2, 3 * MS, &TERMS);
     assert_eq!((late.amount, late.paced), (0, 0));
     // Paced tokens are reserved like any grant.
     assert_eq!(l.reserved(3 * MS, &TERMS), 100);
     // Past expiry and grace, the paces are free again.
     let later = 500 * MS;
-    let late = l.grant_paced("late", 8_000, 0, rate, 2, later, &TERMS);
+    let late = l.grant_paced("late", 8_000, 0, Some(rate), 2, later, &TERMS);
     assert!(late.paced > 0);
 }
 
@@ -722,13 +723,16 @@ fn a_node_passes_on_part_of_its_pace() {
         (live.tokens, live.pace, live.expires),
         (10, 1_000_000, 100 * MS)
     );
-    // Half the pace and 4 tokens go to an app: 50 paced tokens leave.
-    assert_eq!(a.take(b"k", 4, 500_000, 80 * MS, 0), (4, 50));
+    // 4 tokens, and 40 paced over 80 ms, go to an app: half the pace,
+    // lent for the rest of the 100 ms (50 paced tokens leave).
+    let t = a.take(b"k", 4, (40, 80 * MS), 0);
+    assert_eq!((t.tokens, t.paced, t.lent), (4, 40, 50));
     let live = a.live(b"k", 50 * MS).unwrap();
     // 25 of the 50 left came due by half-time.
     assert_eq!((live.tokens, live.pace), (6 + 25, 500_000));
     // More pace than is left: what is left.
-    assert_eq!(a.take(b"k", 0, 9_000_000, 80 * MS, 50 * MS), (0, 25));
+    let t = a.take(b"k", 0, (900, 80 * MS), 50 * MS);
+    assert_eq!((t.tokens, t.paced, t.lent), (0, 15, 25));
     assert_eq!(a.live(b"k", 60 * MS).unwrap().pace, 0);
     // Its pace passed on runs until 80 ms: a check it cannot cover waits
     // rather than asks (the grantor would replace this node's pace while
@@ -834,4 +838,111 @@ proptest! {
             }
         }
     }
+}
+
+/// An edge that joins once the others' paces hold the whole rate gets its
+/// share within a few lives (theirs shrink as they ask again, counting its
+/// demand), not nothing until they stop.
+#[test]
+fn a_late_edge_gets_its_pace_share() {
+    let mut l = Ledger::default();
+    let mut bucket = Bucket::full(200, 200);
+    let mut a: Vec<Allotments> = (0..4).map(|_| Allotments::new(4)).collect();
+    let mut admitted = [0u64; 4];
+    let mut now = 0;
+    let end = 5_000 * MS;
+    while now < end {
+        for i in 0..4 {
+            // 500/s each; the fourth from 2 s on.
+            if now % (2 * MS) != 0 || (i == 3 && now < 2_000 * MS) {
+                continue;
+            }
+            let name = format!("e{i}");
+            match a[i].spend(b"k", 1, now) {
+                Local::Admitted { .. } => {
+                    assert!(bucket.consume(1, now), "{name} over at {now}");
+                    l.reported(&name, 1);
+                    if now >= 3_000 * MS {
+                        admitted[i] += 1;
+                    }
+                }
+                Local::Refused { .. } => {}
+                Local::Ask { demand, unused } => {
+                    ask(&mut l, &mut a[i], &mut bucket, &name, (demand, unused), now);
+                }
+            }
+        }
+        now += MS;
+    }
+    // From 3 s on, each edge near a quarter of 400.
+    assert!(admitted.iter().all(|&n| n >= 60), "{admitted:?}");
+}
+
+/// Two asks of one edge in flight: only the first may be paced, and
+/// whichever grant arrives first, the pace coming due at the edge is the
+/// one its grantor counts.
+#[test]
+fn one_paced_ask_in_flight_keeps_edge_and_grantor_agreed() {
+    for reversed in [false, true] {
+        let mut l = Ledger::default();
+        let mut a = Allotments::new(4);
+        let rate = Pace::all(1_000_000);
+        let Local::Ask { demand, unused } = a.spend(b"k", 1, 0) else {
+            panic!("asks");
+        };
+        assert!(a.ask_pace(b"k", 50 * MS, 0));
+        assert!(matches!(a.spend(b"k", 1, MS), Local::Ask { .. }));
+        // The second may not be paced while the first is out.
+        assert!(!a.ask_pace(b"k", 50 * MS, MS));
+        l.give_back("e", unused);
+        let first = l.grant_paced("e", demand, 0, Some(rate), 1, MS, &TERMS);
+        let second = l.grant_paced("e", demand, 0, None, 1, 2 * MS, &TERMS);
+        assert!(first.paced > 0);
+        assert_eq!(second.paced, 0);
+        let counted = l.paces_of_others("nobody", 2 * MS, &TERMS);
+        // Lives travel relative: each runs its ttl from its arrival.
+        let (first, second) = (
+            Grant {
+                expires: first.expires + 3 * MS,
+                ..first
+            },
+            Grant {
+                expires: second.expires + 2 * MS,
+                ..second
+            },
+        );
+        if reversed {
+            a.granted_unpaced(b"k", second, 3 * MS);
+            a.granted(b"k", first, 4 * MS);
+        } else {
+            a.granted(b"k", first, 3 * MS);
+            a.granted_unpaced(b"k", second, 4 * MS);
+        }
+        // What comes due at the edge is the counted pace, over the
+        // grant's life: at most `counted` per PACE_UNIT.
+        let live = a.live(b"k", 4 * MS).unwrap();
+        assert!(live.pace <= counted, "{} > {counted}", live.pace);
+        assert!(live.pace > 0);
+        // Answered: the next ask may be paced again.
+        assert!(a.ask_pace(b"k", 60 * MS, 5 * MS));
+    }
+}
+
+#[test]
+fn a_bucket_that_owes_shares_no_pace() {
+    let rate = 1_000_000;
+    assert_eq!(
+        Pace::for_bucket(rate, (0, 0), 1_000, 100 * MS),
+        Pace::all(rate)
+    );
+    assert_eq!(Pace::for_bucket(rate, (0, 1), 1_000, 100 * MS), Pace::NONE);
+    // No room for a life of refill: none either.
+    assert_eq!(
+        Pace::for_bucket(rate, (901, 0), 1_000, 100 * MS),
+        Pace::NONE
+    );
+    assert_eq!(
+        Pace::for_bucket(rate, (900, 0), 1_000, 100 * MS),
+        Pace::all(rate)
+    );
 }
