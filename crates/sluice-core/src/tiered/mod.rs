@@ -30,6 +30,7 @@ use std::sync::Arc;
 
 use crate::algorithm::Nanos;
 
+mod allotment;
 mod allotments;
 mod ledgers;
 mod queue;
@@ -479,5 +480,7 @@ fn mul_div(a: u64, b: u128, c: u128) -> u64 {
     u64::try_from(v).unwrap_or(u64::MAX)
 }
 
+#[cfg(test)]
+mod pace_tests;
 #[cfg(test)]
 mod tests;
