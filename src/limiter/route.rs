@@ -216,10 +216,10 @@ impl Limiter {
             match route {
                 Route::Forward(to) if r.tiered => match self.tiered_local(&r, to) {
                     Ok(verdict) => out[i] = Some(Ok(verdict)),
-                    Err((to, ask)) => {
+                    Err((to, ask, paced)) => {
                         let t = t.clone();
                         remote.push(Box::pin(async move {
-                            let v = self.tiered_slow(&r, to, &t, ask, deadline).await;
+                            let v = self.tiered_slow(&r, to, &t, (ask, paced), deadline).await;
                             (i, v)
                         }))
                     }

@@ -27,9 +27,23 @@ pub struct Ask {
     pub edge: String,
     pub demand: u64,
     pub unused: u64,
-    /// The grant may carry a pace ([`crate::lease::tiered::Pace`]),
-    /// replacing the edge's last.
-    pub pace: bool,
+    /// As [`crate::cluster::peers::TieredAsk::pace`].
+    pub pace: Option<bool>,
+}
+
+/// A paced ask of one key in flight from this edge ([`Local::Ask`]'s
+/// `pace`): dropped — answered, failed, or its caller gone before it was
+/// sent — it ends, and another ask of the key may be paced.
+pub(super) struct PacedAsk {
+    shared: Arc<super::Shared>,
+    key: Vec<u8>,
+    id: u64,
+}
+
+impl Drop for PacedAsk {
+    fn drop(&mut self) {
+        self.shared.tiers.allotments().ask_done(&self.key, self.id);
+    }
 }
 
 /// The tiered state of one node: its allotments as an edge, its ledgers as
@@ -201,11 +215,20 @@ impl Limiter {
         &self,
         r: &Resolved<'_>,
         owner: Arc<str>,
-    ) -> Result<Verdict, (Arc<str>, crate::cluster::peers::TieredAsk)> {
+    ) -> Result<Verdict, (Arc<str>, crate::cluster::peers::TieredAsk, Option<PacedAsk>)> {
         let now = self.now();
         let hits = r.check.request.hits;
-        let local = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
+        let (local, paced) = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
             let local = self.tiers().allotments().spend(k, hits, now);
+            // The ask's end is guaranteed from here, sent or not.
+            let paced = match local {
+                Local::Ask { pace: Some(id), .. } => Some(PacedAsk {
+                    shared: self.shared.clone(),
+                    key: k.to_vec(),
+                    id,
+                }),
+                _ => None,
+            };
             if let Local::Admitted { low, .. } = local
                 && hits > 0
             {
@@ -216,7 +239,7 @@ impl Limiter {
                     self.tiers().report_soon.notify_one();
                 }
             }
-            local
+            (local, paced)
         });
         let m = &self.shared.metrics.cluster;
         match local {
@@ -257,16 +280,20 @@ impl Limiter {
                 v.path = Path::LocalAllotment;
                 Ok(v)
             }
-            Local::Ask { demand, unused } => {
+            Local::Ask {
+                demand,
+                unused,
+                pace,
+            } => {
                 let demand = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
                     self.tiers().asking_demand(k, demand, now)
                 });
                 let ask = crate::cluster::peers::TieredAsk {
                     demand,
                     unused,
-                    pace: false,
+                    pace: Some(pace.is_some()),
                 };
-                Err((owner, ask))
+                Err((owner, ask, paced))
             }
         }
     }
@@ -277,31 +304,20 @@ impl Limiter {
         r: &Resolved<'_>,
         owner: Arc<str>,
         t: &Topology,
-        mut ask: crate::cluster::peers::TieredAsk,
+        (ask, paced): (crate::cluster::peers::TieredAsk, Option<PacedAsk>),
         deadline: tokio::time::Instant,
     ) -> Verdict {
-        // At most one ask of the key that may be paced in flight: marked
-        // until its deadline (an answer after it is never applied).
-        let until = self
-            .now()
-            .saturating_add(super::route::budget_left(deadline).as_nanos() as u64);
-        ask.pace = key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
-            self.tiers().allotments().ask_pace(k, until, self.now())
-        });
-        let paced = ask.pace;
         let (mut v, grant) = self.forward_asking(r, owner, t, Some(ask), deadline).await;
         if let Some(grant) = grant {
             let now = self.now();
             let grant = grant.at(now);
+            let pace = paced.as_ref().map(|p| p.id);
             key::with_encoded(&r.check.name, &r.check.unique_key, |k| {
-                let mut allotments = self.tiers().allotments();
-                if paced {
-                    allotments.granted(k, grant, now)
-                } else {
-                    allotments.granted_unpaced(k, grant, now)
-                }
+                self.tiers().allotments().answered(k, grant, pace, now)
             });
         }
+        // The paced ask, if this was one, ends here (answered or not).
+        drop(paced);
         if v.path == Path::Owner {
             v.path = Path::Slow;
         }
@@ -347,20 +363,29 @@ impl Limiter {
                     d.retry_after = Some(retry_after);
                     Ok(d)
                 }
-                Local::Ask { demand, unused } => {
-                    // Decided here and now: no other ask of this edge is
-                    // in flight, so its grant may be paced.
+                Local::Ask {
+                    demand,
+                    unused,
+                    pace,
+                } => {
                     let ask = Ask {
                         edge: me.to_string(),
                         demand: self.tiers().asking_demand(k, demand, now),
                         unused,
-                        pace: true,
+                        pace: Some(pace.is_some()),
                     };
-                    let (d, grant) = self.decide_reserving(k, &r.spec, req, t, now, Some(&ask))?;
-                    if let Some(grant) = grant {
-                        self.tiers().allotments().granted(k, grant.at(now), now);
+                    let decided = self.decide_reserving(k, &r.spec, req, t, now, Some(&ask));
+                    let mut allotments = self.tiers().allotments();
+                    if let Ok((_, Some(grant))) = &decided {
+                        allotments.answered(k, grant.at(now), pace, now);
                     }
-                    Ok(d)
+                    // Ended, answered or not (a stale ring is retried as a
+                    // new ask).
+                    if let Some(id) = pace {
+                        allotments.ask_done(k, id);
+                    }
+                    drop(allotments);
+                    Ok(decided?.0)
                 }
             }
         })?;
@@ -446,10 +471,22 @@ impl Limiter {
                     &ask.edge,
                     ask.demand,
                     decision.remaining,
-                    ask.pace.then(|| {
-                        let owes = self.shared.store.owed(k, now);
-                        refill_pace(spec, (decision.remaining, owes), tiers.terms.ttl)
-                    }),
+                    // A paced ask: a share of the refill; an older edge's:
+                    // none (it would not spend it), its pace replaced by
+                    // none; one sent while its paced one is in flight:
+                    // tokens only, its pace left alone.
+                    match ask.pace {
+                        Some(true) => {
+                            let owes = self.shared.store.owed(k, now);
+                            Some(refill_pace(
+                                spec,
+                                (decision.remaining, owes),
+                                tiers.terms.ttl,
+                            ))
+                        }
+                        None => Some(Pace::NONE),
+                        Some(false) => None,
+                    },
                     t.size.max(1),
                     now,
                 )

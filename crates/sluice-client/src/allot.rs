@@ -186,6 +186,8 @@ pub(crate) struct Asking<'a> {
     key: Arc<[u8]>,
     id: u64,
     done: watch::Sender<Asked>,
+    /// Its id as a paced ask ([`Local::Ask`]), if it is one.
+    pub(crate) pace: Option<u64>,
 }
 
 impl Asking<'_> {
@@ -203,6 +205,9 @@ impl Drop for Asking<'_> {
             .is_some_and(|(id, _)| *id == self.id)
         {
             t.asking.remove(&self.key);
+        }
+        if let Some(pace) = self.pace {
+            t.allotments.ask_done(&self.key, pace);
         }
     }
 }
@@ -354,25 +359,36 @@ impl Allotter {
             Local::Refused { retry_after } => {
                 Spend::Decided(self.refused(&t, &k, check, retry_after, waited))
             }
-            Local::Ask { demand, unused } => {
+            Local::Ask {
+                demand,
+                unused,
+                pace,
+            } => {
+                // Not sent after all: the paced ask it would have been ends.
+                let unsent = |t: &mut Table| {
+                    keep_unused(t, &k, unused);
+                    if let Some(id) = pace {
+                        t.allotments.ask_done(&k, id);
+                    }
+                };
                 if let Some((left, until)) = t.cooling.get_mut(&k[..])
                     && *left > 0
                     && now < *until
                 {
                     *left -= 1;
                     let retry_after = *until - now;
-                    keep_unused(&mut t, &k, unused);
+                    unsent(&mut t);
                     return Spend::Decided(self.refused(&t, &k, check, retry_after, waited));
                 }
                 if waited {
-                    keep_unused(&mut t, &k, unused);
+                    unsent(&mut t);
                     // Asked a moment ago: try again after about a round trip.
                     return Spend::Decided(self.refused(&t, &k, check, REFUSED_AFTER_WAIT, true));
                 }
                 t.cooling.remove(&k[..]);
                 if let Some((_, done)) = t.asking.get(&k[..]) {
                     let done = done.clone();
-                    keep_unused(&mut t, &k, unused);
+                    unsent(&mut t);
                     return Spend::Wait(done);
                 }
                 let key: Arc<[u8]> = Arc::from(k);
@@ -388,6 +404,7 @@ impl Allotter {
                         key,
                         id,
                         done: tx,
+                        pace,
                     },
                 }
             }
@@ -431,6 +448,7 @@ impl Allotter {
         check: &Check,
         demand: u64,
         unused: u64,
+        pace: Option<u64>,
     ) -> Result<pb::RateLimitResponse, tonic::Status> {
         self.stats.asks.fetch_add(1, Ordering::Relaxed);
         let mut request = check.to_wire();
@@ -447,8 +465,7 @@ impl Allotter {
                 demand,
                 unused,
                 unreported: Some(unreported),
-                // One ask per key in flight here: its grant may be paced.
-                pace: true,
+                pace: pace.is_some(),
             })
             .await;
         let answer = match answer {
@@ -497,13 +514,20 @@ impl Allotter {
                 t.cooling.retain(|_, (_, until)| now < *until);
             }
             if nothing && t.cooling.len() < self.max_keys {
-                let until = now.saturating_add(REFUSE_AT_MOST.as_nanos() as u64);
+                // Sooner if the node said when to ask again (it passes
+                // its allotment on again when its apps' paces end).
+                let wait = match u64::try_from(response.retry_after_ms) {
+                    Ok(ms) if ms > 0 => Duration::from_millis(ms).min(REFUSE_AT_MOST),
+                    _ => REFUSE_AT_MOST,
+                };
+                let until = now.saturating_add(wait.as_nanos() as u64);
                 t.cooling
                     .insert(Arc::from(&k[..]), (REFUSE_BEFORE_ASKING, until));
             }
             if t.keys.len() < self.max_keys.saturating_mul(2) || t.keys.contains_key(&k[..]) {
                 t.keys.insert(Arc::from(&k[..]), key);
-                t.allotments.granted_since(&k, grant, since, received);
+                t.allotments
+                    .answered_since(&k, grant, pace, since, received);
                 if grant.amount > 0 || grant.paced > 0 {
                     self.stats.grants.fetch_add(1, Ordering::Relaxed);
                     self.stats

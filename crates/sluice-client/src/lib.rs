@@ -392,8 +392,11 @@ impl Client {
                         unused,
                         asking,
                     } => {
-                        let asked =
-                            tokio::time::timeout_at(until, a.ask(check, demand, unused)).await;
+                        let asked = tokio::time::timeout_at(
+                            until,
+                            a.ask(check, demand, unused, asking.pace),
+                        )
+                        .await;
                         match asked {
                             Ok(Ok(r)) => {
                                 asking.ended(allot::Asked::Answered);

@@ -60,9 +60,10 @@ pub struct TieredAsk {
     pub demand: u64,
     /// What is left of its current allotment (returned to the owner).
     pub unused: u64,
-    /// The grant may carry a pace, replacing the edge's last (no other
-    /// such ask of the edge is in flight).
-    pub pace: bool,
+    /// Some(true): the grant may carry a pace, replacing the edge's last
+    /// (no other such ask of the edge is in flight); Some(false): sent
+    /// while that one is in flight, tokens only; None: an older edge.
+    pub pace: Option<bool>,
 }
 
 /// Why states are pushed to a peer.

@@ -28,8 +28,9 @@ pub(super) struct Allotment {
     pub(super) pace_from: Nanos,
     pub(super) pace_until: Nanos,
     pub(super) due: u64,
-    /// An ask that may be paced is in flight until then (its deadline):
-    /// other asks meanwhile get tokens only ([`Allotments::ask_pace`]).
+    /// The paced ask in flight (0: none), and until when it is at most:
+    /// other asks meanwhile are not paced ([`super::Allotments::spend`]).
+    pub(super) pace_ask: u64,
     pub(super) pace_asked_until: Nanos,
     /// Part of its pace was passed on ([`Allotments::take`]) until then:
     /// an ask before it is not sent. The grantor replaces this edge's pace
@@ -58,6 +59,7 @@ impl Allotment {
             pace_from: now,
             pace_until: now,
             due: 0,
+            pace_ask: 0,
             pace_asked_until: 0,
             lent_until: 0,
             last_grant: 0,

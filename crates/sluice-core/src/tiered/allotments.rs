@@ -42,9 +42,20 @@ pub enum Local {
     /// after this long.
     Refused { retry_after: Nanos },
     /// The allotment cannot cover it: ask the owner (the slow path), saying
-    /// this demand and giving back this many unspent tokens.
-    Ask { demand: u64, unused: u64 },
+    /// this demand and giving back this many unspent tokens. `pace`: this
+    /// ask may be paced (its id, for [`Allotments::answered`] and
+    /// [`Allotments::ask_done`]); None while another paced ask of the key
+    /// is in flight.
+    Ask {
+        demand: u64,
+        unused: u64,
+        pace: Option<u64>,
+    },
 }
+
+/// How long a paced ask is waited for at most, should its caller never
+/// say it ended: a backstop (callers end every ask, answered or not).
+const PACE_ASK_AT_MOST: Nanos = 10 * 1_000_000_000;
 
 /// An edge's allotments, by encoded key; bounded (a key beyond the bound
 /// always takes the slow path, which is exact).
@@ -69,6 +80,8 @@ pub struct Allotments {
     /// Entries looked at to make room and to keep the figures (the work a
     /// flood of keys costs; tests bound it).
     examined: u64,
+    /// The last paced ask's id.
+    next_ask: u64,
 }
 
 /// Whether `(at, k)` in `expiring` is current: `k` is counted until `at`.
@@ -91,6 +104,7 @@ impl Allotments {
             expired: Fifo::default(),
             held: 0,
             examined: 0,
+            next_ask: 0,
         }
     }
 
@@ -114,6 +128,7 @@ impl Allotments {
                 return Local::Ask {
                     demand: 0,
                     unused: 0,
+                    pace: None,
                 };
             }
             // A new allotment holds nothing and is expired from the start:
@@ -127,6 +142,7 @@ impl Allotments {
             return Local::Ask {
                 demand: 0,
                 unused: 0,
+                pace: None,
             };
         };
         a.see(hits, now);
@@ -169,62 +185,85 @@ impl Allotments {
         // promised for as long as the edge keeps asking. (Giving back more
         // than the grantor still counts is harmless: it takes back at most
         // what is outstanding.)
-        let unused = a
-            .tokens
-            .saturating_add(a.returned)
-            .saturating_add(a.not_due());
+        let mut unused = a.tokens.saturating_add(a.returned);
         a.returned = 0;
-        a.paced = a.due;
         if a.counted {
             self.held = self.held.saturating_sub(u128::from(a.tokens));
         }
         a.tokens = 0;
+        // At most one paced ask of the key in flight: the grantor replaces
+        // this edge's pace with each one's, so two answered out of order
+        // would leave the edge on a pace the grantor no longer counts. A
+        // paced ask stops the pace running here (what it has still to
+        // bring goes back with it); another ask meanwhile leaves it
+        // running, and the grantor's count of it, alone.
+        let pace = if a.pace_ask == 0 || now >= a.pace_asked_until {
+            unused = unused.saturating_add(a.not_due());
+            a.paced = a.due;
+            self.next_ask += 1;
+            a.pace_ask = self.next_ask;
+            a.pace_asked_until = now.saturating_add(PACE_ASK_AT_MOST);
+            Some(a.pace_ask)
+        } else {
+            None
+        };
         Local::Ask {
             demand: a.demand(now),
             unused,
+            pace,
         }
     }
 
-    /// The owner's answer to an ask that may be paced
-    /// ([`Allotments::ask_pace`]): the next allotment, its pace replacing
-    /// the last. Several asks for one key can be out at once (a batch of
-    /// its checks); their tokens add up — each ask already gave back what
-    /// was left when it was made, so overwriting would lose tokens the
-    /// owner still counts as promised.
-    pub fn granted(&mut self, key: &[u8], grant: Grant, now: Nanos) {
-        self.apply(key, grant, (true, now), now);
+    /// The owner's answer to the ask whose `pace` [`Allotments::spend`]
+    /// gave: the next allotment. A paced ask's pace replaces the last (and
+    /// the ask has ended: [`Allotments::ask_done`]); another's grant is
+    /// tokens only. Several asks for one key can be out at once (a batch
+    /// of its checks); their tokens add up — each ask already gave back
+    /// what was left when it was made, so overwriting would lose tokens
+    /// the owner still counts as promised.
+    pub fn answered(&mut self, key: &[u8], grant: Grant, pace: Option<u64>, now: Nanos) {
+        self.answered_since(key, grant, pace, now, now);
     }
 
-    /// [`Allotments::granted`], its paced tokens coming due from `since`
+    /// [`Allotments::answered`], its paced tokens coming due from `since`
     /// (before `now`: an app's grant, lent by its node from a moment
     /// before its answer arrived; what came due meanwhile is in hand).
-    pub fn granted_since(&mut self, key: &[u8], grant: Grant, since: Nanos, now: Nanos) {
-        self.apply(key, grant, (true, since.min(now)), now);
-    }
-
-    /// The answer to an ask sent while one that may be paced was in
-    /// flight: its tokens only; the pace stays as it is (so does the
-    /// grantor's count of it).
-    pub fn granted_unpaced(&mut self, key: &[u8], grant: Grant, now: Nanos) {
-        let grant = Grant { paced: 0, ..grant };
-        self.apply(key, grant, (false, now), now);
-    }
-
-    /// Whether an ask of `key` sent now may be paced — no other such ask
-    /// is in flight — and if so, mark one in flight until `until` (its
-    /// deadline: an answer is applied before it or never). At most one
-    /// paced grant per edge in flight: the grantor replaces the edge's
-    /// pace with each, so two arriving out of order would leave the edge
-    /// on a pace the grantor no longer counts.
-    pub fn ask_pace(&mut self, key: &[u8], until: Nanos, now: Nanos) -> bool {
-        match self.keys.get_mut(key) {
-            Some(a) if now >= a.pace_asked_until => {
-                a.pace_asked_until = until;
-                true
+    pub fn answered_since(
+        &mut self,
+        key: &[u8],
+        grant: Grant,
+        pace: Option<u64>,
+        since: Nanos,
+        now: Nanos,
+    ) {
+        let ours = pace.is_some_and(|id| self.keys.get(key).is_some_and(|a| a.pace_ask == id));
+        if ours {
+            self.apply(key, grant, (true, since.min(now)), now);
+            if let Some(id) = pace {
+                self.ask_done(key, id);
             }
-            Some(_) => false,
-            // No entry (the table was full): nothing to pace into.
-            None => false,
+        } else {
+            let grant = Grant { paced: 0, ..grant };
+            self.apply(key, grant, (false, now), now);
+        }
+    }
+
+    /// A grant applied as the answer to whatever paced ask is in flight,
+    /// which ends (tests; a caller that asks and is answered in one step).
+    pub fn granted(&mut self, key: &[u8], grant: Grant, now: Nanos) {
+        self.apply(key, grant, (true, now), now);
+        if let Some(a) = self.keys.get_mut(key) {
+            a.pace_ask = 0;
+        }
+    }
+
+    /// The paced ask `id` of `key` ended (answered, failed, or given up):
+    /// another may be paced now. Its answer, if any, was applied before.
+    pub fn ask_done(&mut self, key: &[u8], id: u64) {
+        if let Some(a) = self.keys.get_mut(key)
+            && a.pace_ask == id
+        {
+            a.pace_ask = 0;
         }
     }
 
@@ -260,7 +299,6 @@ impl Allotments {
             a.returned = a.returned.saturating_add(a.not_due());
             a.paced = 0;
             a.due = 0;
-            a.pace_asked_until = 0;
             if grant.paced > 0 {
                 a.paced = grant.paced;
                 a.pace_from = since;
@@ -268,7 +306,12 @@ impl Allotments {
             }
         }
         if grant.amount == 0 && grant.paced == 0 {
-            a.empty_until = now.saturating_add(empty_wait(grant.expires.saturating_sub(now)));
+            // Nothing: refuse here a while rather than ask again — unless
+            // this answered an ask that could not be paced (its paced
+            // sibling's answer is still to come).
+            if replaces_pace {
+                a.empty_until = now.saturating_add(empty_wait(grant.expires.saturating_sub(now)));
+            }
             return;
         }
         a.empty_until = 0;
@@ -396,7 +439,6 @@ impl Allotments {
             .saturating_add(a.not_due());
         a.tokens = 0;
         a.paced = a.due;
-        a.empty_until = 0;
         true
     }
 

@@ -312,7 +312,7 @@ impl Ledger {
         now: Nanos,
         terms: &Terms,
     ) -> Grant {
-        self.grant_paced(edge, demand, remaining, None, n, now, terms)
+        self.grant_paced(edge, demand, remaining, Some(Pace::NONE), n, now, terms)
     }
 
     /// The pace the other edges' allotments hold (tokens per
@@ -424,7 +424,10 @@ impl Ledger {
         if replaces {
             s.pace = rate;
         }
-        if amount == 0 && paced == 0 {
+        // Told nothing: its asks already in flight are refused (`waiting`)
+        // — unless this one could not be paced, so its paced sibling may
+        // still be on the way.
+        if amount == 0 && paced == 0 && replaces {
             s.empty_until = now.saturating_add(empty_wait(terms.ttl));
         }
         Grant {

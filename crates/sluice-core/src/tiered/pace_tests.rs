@@ -51,20 +51,21 @@ impl Bucket {
     }
 }
 
-/// One edge's ask against the owner's ledger over `bucket`.
+/// One edge's ask against the owner's ledger over `bucket`, answered at
+/// once.
 fn ask(
     l: &mut Ledger,
     a: &mut Allotments,
     bucket: &mut Bucket,
     edge: &str,
-    (demand, unused): (u64, u64),
+    (demand, unused, paced): (u64, u64, Option<u64>),
     now: Nanos,
 ) {
     l.give_back(edge, unused);
     let pace = bucket.pace(now);
     let remaining = bucket.remaining(now);
-    let g = l.grant_paced(edge, demand, remaining, Some(pace), 3, now, &TERMS);
-    a.granted(b"k", g, now);
+    let g = l.grant_paced(edge, demand, remaining, paced.map(|_| pace), 3, now, &TERMS);
+    a.answered(b"k", g, paced, now);
 }
 
 #[test]
@@ -111,7 +112,8 @@ fn paced_tokens_come_due_evenly_and_are_waited_for_not_asked() {
         Local::Ask {
             // 1 + 1 + 1 + 5 + 10 + 500 hits seen by 11 ms, over 100 ms.
             demand: 5_180,
-            unused: 5 + 89
+            unused: 5 + 89,
+            pace: Some(2),
         }
     );
     // After the ask the pace is gone: nothing more comes due.
@@ -228,14 +230,18 @@ fn paced_edges_stay_within_the_bucket_with_one_ask_per_life() {
                     l.reported(edges[i], 1);
                 }
                 Local::Refused { .. } => {}
-                Local::Ask { demand, unused } => {
+                Local::Ask {
+                    demand,
+                    unused,
+                    pace,
+                } => {
                     asks[i] += 1;
                     ask(
                         &mut l,
                         &mut a[i],
                         &mut bucket,
                         edges[i],
-                        (demand, unused),
+                        (demand, unused, pace),
                         now,
                     );
                 }
@@ -279,8 +285,12 @@ proptest! {
                     l.reported(&name, hits);
                 }
                 Local::Refused { .. } => {}
-                Local::Ask { demand, unused } => {
-                    ask(&mut l, &mut a[edge], &mut bucket, &name, (demand, unused), now);
+                Local::Ask {
+                    demand,
+                    unused,
+                    pace,
+                } => {
+                    ask(&mut l, &mut a[edge], &mut bucket, &name, (demand, unused, pace), now);
                 }
             }
         }
@@ -314,8 +324,19 @@ fn a_late_edge_gets_its_pace_share() {
                     }
                 }
                 Local::Refused { .. } => {}
-                Local::Ask { demand, unused } => {
-                    ask(&mut l, &mut a[i], &mut bucket, &name, (demand, unused), now);
+                Local::Ask {
+                    demand,
+                    unused,
+                    pace,
+                } => {
+                    ask(
+                        &mut l,
+                        &mut a[i],
+                        &mut bucket,
+                        &name,
+                        (demand, unused, pace),
+                        now,
+                    );
                 }
             }
         }
@@ -326,7 +347,7 @@ fn a_late_edge_gets_its_pace_share() {
 }
 
 /// Two asks of one edge in flight: only the first may be paced, and
-/// whichever grant arrives first, the pace coming due at the edge is the
+/// whichever answer arrives first, the pace coming due at the edge is the
 /// one its grantor counts.
 #[test]
 fn one_paced_ask_in_flight_keeps_edge_and_grantor_agreed() {
@@ -334,13 +355,23 @@ fn one_paced_ask_in_flight_keeps_edge_and_grantor_agreed() {
         let mut l = Ledger::default();
         let mut a = Allotments::new(4);
         let rate = Pace::all(1_000_000);
-        let Local::Ask { demand, unused } = a.spend(b"k", 1, 0) else {
+        let Local::Ask {
+            demand,
+            unused,
+            pace: first_id,
+        } = a.spend(b"k", 1, 0)
+        else {
             panic!("asks");
         };
-        assert!(a.ask_pace(b"k", 50 * MS, 0));
-        assert!(matches!(a.spend(b"k", 1, MS), Local::Ask { .. }));
+        assert!(first_id.is_some());
         // The second may not be paced while the first is out.
-        assert!(!a.ask_pace(b"k", 50 * MS, MS));
+        let Local::Ask {
+            pace: second_id, ..
+        } = a.spend(b"k", 1, MS)
+        else {
+            panic!("asks");
+        };
+        assert_eq!(second_id, None);
         l.give_back("e", unused);
         let first = l.grant_paced("e", demand, 0, Some(rate), 1, MS, &TERMS);
         let second = l.grant_paced("e", demand, 0, None, 1, 2 * MS, &TERMS);
@@ -359,11 +390,11 @@ fn one_paced_ask_in_flight_keeps_edge_and_grantor_agreed() {
             },
         );
         if reversed {
-            a.granted_unpaced(b"k", second, 3 * MS);
-            a.granted(b"k", first, 4 * MS);
+            a.answered(b"k", second, second_id, 3 * MS);
+            a.answered(b"k", first, first_id, 4 * MS);
         } else {
-            a.granted(b"k", first, 3 * MS);
-            a.granted_unpaced(b"k", second, 4 * MS);
+            a.answered(b"k", first, first_id, 3 * MS);
+            a.answered(b"k", second, second_id, 4 * MS);
         }
         // What comes due at the edge is the counted pace, over the
         // grant's life: at most `counted` per PACE_UNIT.
@@ -371,8 +402,30 @@ fn one_paced_ask_in_flight_keeps_edge_and_grantor_agreed() {
         assert!(live.pace <= counted, "{} > {counted}", live.pace);
         assert!(live.pace > 0);
         // Answered: the next ask may be paced again.
-        assert!(a.ask_pace(b"k", 60 * MS, 5 * MS));
+        assert!(matches!(
+            a.spend(b"k", 1_000, 5 * MS),
+            Local::Ask { pace: Some(_), .. }
+        ));
     }
+}
+
+/// A paced ask that ends unanswered (failed, or its caller gone) lets the
+/// next one be paced.
+#[test]
+fn a_paced_ask_ended_unanswered_frees_the_next() {
+    let mut a = Allotments::new(4);
+    let Local::Ask { pace: Some(id), .. } = a.spend(b"k", 1, 0) else {
+        panic!("a paced ask");
+    };
+    assert!(matches!(
+        a.spend(b"k", 1, MS),
+        Local::Ask { pace: None, .. }
+    ));
+    a.ask_done(b"k", id);
+    assert!(matches!(
+        a.spend(b"k", 1, 2 * MS),
+        Local::Ask { pace: Some(_), .. }
+    ));
 }
 
 #[test]

@@ -90,7 +90,8 @@ fn an_edge_spends_its_allotment_then_asks_with_its_demand() {
         a.spend(b"k", 1, 0),
         Local::Ask {
             demand: 10,
-            unused: 0
+            unused: 0,
+            pace: Some(1),
         }
     );
     a.granted(
@@ -249,7 +250,8 @@ fn a_key_flood_costs_bounded_work_per_key() {
             a.spend(k.as_bytes(), 1, now),
             Local::Ask {
                 demand: 0,
-                unused: 0
+                unused: 0,
+                pace: None,
             },
             "no room: the slow path"
         );
@@ -286,7 +288,7 @@ fn a_key_flood_costs_the_owner_bounded_work_per_key() {
         let k = format!("live{i}");
         assert!(l.open(k.as_bytes(), 0));
         let g = l
-            .grant(k.as_bytes(), "e", 1_000, 1_000, None, 2, 0)
+            .grant(k.as_bytes(), "e", 1_000, 1_000, Some(Pace::NONE), 2, 0)
             .unwrap();
         assert_eq!(g.amount, 100);
     }
@@ -360,7 +362,7 @@ fn a_flood_takes_the_room_of_the_oldest_idle_ledger() {
         let at = i as u64 * 10 * MS;
         assert!(l.open(k.as_bytes(), at));
         assert_eq!(
-            l.grant(k.as_bytes(), "e", 1_000, 1_000, None, 1, at)
+            l.grant(k.as_bytes(), "e", 1_000, 1_000, Some(Pace::NONE), 1, at)
                 .unwrap()
                 .amount,
             100
@@ -414,7 +416,15 @@ fn the_orders_stay_bounded_however_often_keys_are_granted() {
         a.spend(k.as_bytes(), 1, now);
         a.granted(k.as_bytes(), grant_for(5, now, TERMS.ttl), now);
         assert!(l.open(k.as_bytes(), now));
-        l.grant(k.as_bytes(), "e", 1_000, 1_000_000, None, 2, now);
+        l.grant(
+            k.as_bytes(),
+            "e",
+            1_000,
+            1_000_000,
+            Some(Pace::NONE),
+            2,
+            now,
+        );
         let (expiring, expired) = a.queued();
         let (wakes, idle) = l.queued();
         assert!(
@@ -515,7 +525,7 @@ proptest! {
                 0..=2 => {
                     if l.open(k.as_bytes(), now) {
                         l.give_back(k.as_bytes(), &e, n % 7);
-                        l.grant(k.as_bytes(), &e, n * 10, 1_000, None, 3, now);
+                        l.grant(k.as_bytes(), &e, n * 10, 1_000, Some(Pace::NONE), 3, now);
                     }
                 }
                 3 | 4 => l.reported(k.as_bytes(), &e, n % 50),
@@ -542,7 +552,9 @@ proptest! {
 fn a_give_back_is_counted_before_it_is_applied_and_applied_once() {
     let mut l = Ledgers::new(4, TERMS);
     assert!(l.open(b"k", 0));
-    let g = l.grant(b"k", "e", 1_000, 1_000, None, 1, 0).unwrap();
+    let g = l
+        .grant(b"k", "e", 1_000, 1_000, Some(Pace::NONE), 1, 0)
+        .unwrap();
     assert_eq!((g.amount, l.reserved_of(b"k", MS)), (100, 100));
     for _ in 0..2 {
         // Counted twice (the first attempt met a stale ring): no change.
