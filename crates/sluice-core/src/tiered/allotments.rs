@@ -249,8 +249,9 @@ impl Allotments {
     }
 
     /// A grant applied as the answer to whatever paced ask is in flight,
-    /// which ends (tests; a caller that asks and is answered in one step).
-    pub fn granted(&mut self, key: &[u8], grant: Grant, now: Nanos) {
+    /// which ends (the request path says which ask: [`Allotments::answered`]).
+    #[cfg(test)]
+    pub(crate) fn granted(&mut self, key: &[u8], grant: Grant, now: Nanos) {
         self.apply(key, grant, (true, now), now);
         if let Some(a) = self.keys.get_mut(key) {
             a.pace_ask = 0;
