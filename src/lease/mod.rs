@@ -185,6 +185,9 @@ struct Inner {
     leased_keys: AtomicUsize,
     max_pending: usize,
     seq: AtomicU64,
+    /// Woken when `table.pending` stops being empty: a quiet node's report
+    /// task sleeps on it (see `server/tasks.rs`).
+    begun: tokio::sync::Notify,
 }
 
 impl Leases {
@@ -200,6 +203,7 @@ impl Leases {
                 leased_keys: AtomicUsize::new(0),
                 max_pending: max_keys.max(1),
                 seq: AtomicU64::new(seq_base),
+                begun: tokio::sync::Notify::new(),
             }),
         }
     }
@@ -334,6 +338,9 @@ impl Leases {
             .contains(key)
             .then(|| self.inner.seen.reset_gen(key))
             .filter(|g| *g > 0);
+        if table.pending.is_empty() {
+            self.inner.begun.notify_one();
+        }
         let p = table
             .pending
             .entry(Arc::from(key))
@@ -418,6 +425,18 @@ impl Leases {
             self.uncount(gone.as_ref());
         }
         table.settle(&report.key, tokens, now, self.inner.max_pending);
+    }
+
+    /// Returns once spending waits to be reported where none did: the
+    /// first key queued into an empty table wakes it (a permit is kept if
+    /// nobody waits, so a wait may also return for an earlier one).
+    pub async fn pending_begun(&self) {
+        self.inner.begun.notified().await
+    }
+
+    /// No spending waits to be reported (none unsent, none in flight).
+    pub fn nothing_pending(&self) -> bool {
+        self.table().pending.is_empty()
     }
 
     /// Hits admitted on leases and not yet acknowledged by an owner.

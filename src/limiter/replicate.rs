@@ -61,6 +61,17 @@ impl Limiter {
             .merge(key, snapshot, self.now(), Holding::Copy, None);
     }
 
+    /// Returns once a key changed here waits to be replicated or handed
+    /// off (see [`crate::store::Store::changes_waiting`]).
+    pub async fn changes_waiting(&self) {
+        self.shared.store.changes_waiting().await
+    }
+
+    /// Keys waiting to be replicated or handed off.
+    pub fn changes_pending(&self) -> usize {
+        self.shared.store.changed_len()
+    }
+
     /// Send the keys changed since the last round where they belong: for a
     /// key this node owns, to its replica holder (the key's successor on the
     /// ring); for a key it decided but no longer owns (the ring moved, or

@@ -61,6 +61,25 @@ impl Limiter {
         acked
     }
 
+    /// Nothing for the report task to do until something happens: no
+    /// spending waits to be reported, and this node holds no allotment,
+    /// has promised nothing to edges and passed nothing on to apps. Each
+    /// of those changes with time alone (expiries, the sub-grants' sweep,
+    /// the gauges `flush_reports` sets), so while any is held the task
+    /// keeps its pace; once none is, only new spending gives it work.
+    pub fn reports_quiet(&self) -> bool {
+        let now = self.now();
+        let (held, reserved) = self.shared.tiers.figures(now);
+        held == 0
+            && reserved == 0
+            && self.shared.leases.nothing_pending()
+            && self
+                .shared
+                .tiers
+                .subgrants()
+                .is_none_or(|s| s.outstanding(now) == 0)
+    }
+
     /// Absorb this node's own report of lease spending on a key it owns
     /// (`took`: as [`Limiter::absorb_encoded`]); whether it was.
     fn absorb_own(&self, report: &Report, t: &Topology, took: bool) -> bool {

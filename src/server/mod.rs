@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::algorithm::Bounds;
-use tasks::{every, follow_ring, report};
+use tasks::{every, follow_ring, replicate, report};
 mod shutdown;
 mod tasks;
 mod uds;
@@ -301,16 +301,10 @@ impl Node {
             limiter.clone(),
             shutdown.clone(),
         ));
-        let replicator = limiter.clone();
-        tasks.spawn(every(
+        tasks.spawn(replicate(
+            limiter.clone(),
             cluster.replicate_interval,
             shutdown.clone(),
-            move || {
-                let replicator = replicator.clone();
-                async move {
-                    replicator.replicate(10_000).await;
-                }
-            },
         ));
         tasks.spawn(report(
             limiter.clone(),

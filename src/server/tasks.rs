@@ -26,19 +26,74 @@ where
     }
 }
 
-/// Send lease and allotment reports every `interval`, or sooner when an
-/// allotment runs low — but never more often than a fifth of the interval.
-pub(super) async fn report(limiter: Limiter, interval: Duration, token: CancellationToken) {
-    let soon = limiter.report_soon();
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+/// Replicate changed keys: a round as soon as a change waits, then one
+/// every `interval` while changes keep coming (they batch up meanwhile),
+/// until a round finds none. An idle node sleeps until its next change:
+/// polling the queue every 20 ms was a third of an idle node's wakeups
+/// (each ~35 µs of CPU on a VM), all for nothing.
+pub(super) async fn replicate(limiter: Limiter, interval: Duration, token: CancellationToken) {
     loop {
         tokio::select! {
             _ = token.cancelled() => return,
-            _ = tick.tick() => {}
-            _ = soon.notified() => {}
+            _ = limiter.changes_waiting() => {}
+        }
+        loop {
+            // A round that sends nothing still runs once after a burst: it
+            // sets the replication lag back to zero (nothing waits), as the
+            // gauge would otherwise keep the burst's last lag while idle.
+            // Failed sends are queued again and count as changes waiting.
+            let sent = limiter.replicate(10_000).await;
+            tokio::select! {
+                _ = token.cancelled() => return,
+                _ = tokio::time::sleep(interval) => {}
+            }
+            if sent == 0 && limiter.changes_pending() == 0 {
+                break;
+            }
+        }
+    }
+}
+
+/// A quiet node's report task wakes this many intervals apart (a backstop:
+/// new spending wakes it, see below).
+const QUIET_INTERVALS: u32 = 10;
+
+/// Send lease and allotment reports every `interval`, or sooner when an
+/// allotment runs low — but never more often than a fifth of the interval.
+/// A node with nothing to report and nothing held
+/// ([`Limiter::reports_quiet`]) waits instead for its first new spending
+/// (then reports an interval later, with what follows it, as on the busy
+/// pace): ten idle rounds a second were a tenth of an idle node's wakeups.
+pub(super) async fn report(limiter: Limiter, interval: Duration, token: CancellationToken) {
+    let soon = limiter.report_soon();
+    let leases = limiter.leases().clone();
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut quiet = false;
+    loop {
+        if quiet {
+            tokio::select! {
+                _ = token.cancelled() => return,
+                _ = soon.notified() => {}
+                _ = tokio::time::sleep(interval * QUIET_INTERVALS) => {}
+                _ = leases.pending_begun() => tokio::select! {
+                    _ = token.cancelled() => return,
+                    _ = soon.notified() => {}
+                    _ = tokio::time::sleep(interval) => {}
+                },
+            }
+            // The busy pace resumes from this round, not with the ticks
+            // missed while quiet.
+            tick.reset();
+        } else {
+            tokio::select! {
+                _ = token.cancelled() => return,
+                _ = tick.tick() => {}
+                _ = soon.notified() => {}
+            }
         }
         limiter.flush_reports().await;
+        quiet = limiter.reports_quiet();
         tokio::select! {
             _ = token.cancelled() => return,
             _ = tokio::time::sleep(interval / 5) => {}

@@ -61,6 +61,9 @@ pub struct Store {
     /// Keys changed since the replicator last took them, each once. Only
     /// filled while `replicating`, so an unreplicated store never grows it.
     changed: Mutex<ChangeQueue>,
+    /// Woken when the queue above stops being empty: an idle node's
+    /// replicator sleeps on it instead of polling the queue every round.
+    queued: tokio::sync::Notify,
     /// The view decisions must have been routed under (see
     /// [`Store::set_fence`]).
     fence: AtomicU64,
@@ -99,6 +102,7 @@ impl Store {
             budget: budget::Budget::new(max_memory),
             stats: StoreStats::default(),
             changed: Mutex::new(std::collections::VecDeque::new()),
+            queued: tokio::sync::Notify::new(),
             fence: AtomicU64::new(0),
             replicating: std::sync::atomic::AtomicBool::new(false),
             typical_victim: AtomicU64::new(0),

@@ -37,7 +37,25 @@ impl Store {
         if self.replicating.load(Ordering::Relaxed) && e.enqueue() {
             let at = at.unwrap_or_else(Instant::now);
             let key = Arc::from(key); // allocated before the queue's lock
-            self.changed_lock().push_back((key, at));
+            let first = {
+                let mut changed = self.changed_lock();
+                changed.push_back((key, at));
+                changed.len() == 1
+            };
+            if first {
+                // Once per empty-to-waiting, not per change: a busy queue
+                // is drained by the replicator's rounds without being woken.
+                self.queued.notify_one();
+            }
+        }
+    }
+
+    /// Returns once a change waits for the replicator. Race-free with
+    /// [`Store::changed_at`]: a change queued after the check below leaves
+    /// the `Notify` a permit, so the wait returns at once.
+    pub async fn changes_waiting(&self) {
+        while self.changed_len() == 0 {
+            self.queued.notified().await;
         }
     }
 

@@ -144,7 +144,17 @@ impl Gossip {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let chitchat = handle.chitchat();
-            let mut live = chitchat.lock().await.live_nodes_watcher();
+            let (mut live, _changes) = {
+                let cc = chitchat.lock().await;
+                // Any key a member publishes (its state, address, burials)
+                // changing — by gossip or by this node — reads a new view
+                // now. The listener runs under chitchat's lock: it only
+                // wakes this loop. Dropped with this chitchat (a rejoin
+                // subscribes its new one).
+                let refresh_now = self.refresh_now.clone();
+                let changes = cc.subscribe_event("", move |_| refresh_now.notify_one());
+                (cc.live_nodes_watcher(), changes)
+            };
             let (rejoin, was) = loop {
                 let (gap, was) = self.presence.round(boot_time());
                 if gap >= self.presence.away_after() {

@@ -174,12 +174,15 @@ impl Membership {
         let stop = CancellationToken::new();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (push_tx, push_rx) = tokio::sync::mpsc::channel(64);
-        // How often gossip's state is read into a view: a peer's new state
-        // (ready, leaving) arrives between rounds, and the sooner every
-        // node's ring follows, the fewer callers meet rings that disagree.
-        // Cheap: the ring is rebuilt only when its members change.
-        let refresh =
-            (cfg.gossip_interval / 4).clamp(Duration::from_millis(5), Duration::from_millis(25));
+        // How often gossip's state is read into a view when nothing wakes
+        // the reading sooner. A peer's new state (ready, leaving) wakes it
+        // as it arrives (a key-change listener, `gossip.rs`), and a change
+        // of the live set does too; what is left to the tick is what only
+        // time changes — this node's presence stamp (`away` must see
+        // several rounds, so a busy gossip thread is not taken for a
+        // stopped one: eight), a burial's grace. Reading every 25 ms
+        // whatever happened was a quarter of an idle node's wakeups.
+        let refresh = (away / 8).clamp(Duration::from_millis(5), Duration::from_millis(100));
         let refresh_now = Arc::new(tokio::sync::Notify::new());
         let work = gossip::Gossip {
             refresh_now: refresh_now.clone(),
