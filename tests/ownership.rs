@@ -360,7 +360,7 @@ async fn leases_spent_while_an_owner_is_stopped_are_all_counted_at_the_owner() {
         let got = round(edges, &keys).await;
         offer(got, &mut leased);
     }
-    replicas_current(&procs[2]).await;
+    replicas_current(&procs[2], &["node-0", "node-1", "node-2"]).await;
     // node-2 stops for 3 s under load: the edges decide on leases until
     // its keys move to their successors.
     assert!(procs[2].signal("STOP"));
@@ -435,12 +435,27 @@ async fn leases_spent_while_an_owner_is_stopped_are_all_counted_at_the_owner() {
 /// holder. The pending gauge is set at the end of each replication round,
 /// so alone it can still say 0 from a round that ended before the last
 /// change (seen: node-2 stopped with its last hits unreplicated, once in
-/// about five runs on a loaded machine). Two more rounds finished mean one
-/// started after the call; a 0 read after that covers every change made
-/// before it (a round's pushes are confirmed before it ends, and a failed
-/// push is queued again).
-async fn replicas_current(p: &Proc) {
+/// about five runs on a loaded machine). Rounds run one after another, so
+/// two more finished mean one started after the call; a 0 read after that
+/// covers every change made before it (a round's pushes are confirmed
+/// before it ends, and a failed push is queued again). An idle replicator
+/// runs no rounds, so the wait makes one change of its own first — on a
+/// key of another name, owned by `p` among `ids`, that no test counts:
+/// its round, and the empty one after it, are the two.
+async fn replicas_current(p: &Proc, ids: &[&str]) {
     let from = p.metric("sluice_replication_rounds_total").await;
+    let probe = keys_owned_by(ids, "replication-probe", 1)
+        .into_iter()
+        .find(|k| k.starts_with(&format!("{}-", p.id)))
+        .expect("a key of every member");
+    let mut client = p.client().await;
+    let answers = check(
+        &mut client,
+        vec![inline("replication-probe", &probe, 1_000_000, YEAR_MS)],
+    )
+    .await
+    .expect("the probe's check");
+    assert!(under(&answers[0]), "{answers:?}");
     eventually(
         &format!("{}'s replicas current", p.id),
         Duration::from_secs(10),

@@ -76,12 +76,15 @@ impl Limiter {
     /// key this node owns, to its replica holder (the key's successor on the
     /// ring); for a key it decided but no longer owns (the ring moved, or
     /// this node is leaving), to its new owner, as a handoff. Keys whose
-    /// target did not confirm are queued again. Returns states sent.
+    /// target did not confirm are queued again. Returns how many changed
+    /// keys it took from the queue (sent, queued again, or dropped for
+    /// having no target).
     pub async fn replicate(&self, max: usize) -> usize {
         let peers = &self.shared.peers;
         let started = Instant::now();
         let t = self.shared.topology.load_full();
         let taken = self.shared.store.take_changed(max);
+        let took = taken.states.len();
         let (changed, oldest) = (taken.states, taken.oldest);
         let since = oldest.unwrap_or_else(Instant::now);
         let mut by_target: HashMap<(Arc<str>, SyncKind), Outbox> = HashMap::new();
@@ -104,7 +107,6 @@ impl Limiter {
             }
         }
         let metrics = &self.shared.metrics.cluster;
-        let mut sent = 0;
         for ((to, kind), states) in by_target {
             for chunk in chunk_by_bytes(&states, |(_, s)| s) {
                 let batch: Vec<Outgoing> = chunk.iter().map(|(_, s)| s.clone()).collect();
@@ -114,7 +116,6 @@ impl Limiter {
                 }
                 match pushed {
                     Ok(_) => {
-                        sent += chunk.len();
                         let counter = match kind {
                             SyncKind::Replica => &metrics.replicated,
                             SyncKind::Handoff => &metrics.handed_off,
@@ -146,7 +147,7 @@ impl Limiter {
             .replication_lag
             .set(oldest.map_or(0, |at| at.elapsed().as_micros() as i64));
         metrics.replication_rounds.inc();
-        sent
+        took
     }
 
     /// A leaving node's last act: push what its new owners did not take

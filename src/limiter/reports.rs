@@ -67,17 +67,29 @@ impl Limiter {
     /// of those changes with time alone (expiries, the sub-grants' sweep,
     /// the gauges `flush_reports` sets), so while any is held the task
     /// keeps its pace; once none is, only new spending gives it work.
+    /// Quiet, it sets the gauges `flush_reports` set (to these figures:
+    /// nothing held), as what they said may have lapsed since; what an
+    /// owner grants while its node is quiet shows within the task's
+    /// backstop (`server/tasks.rs`).
     pub fn reports_quiet(&self) -> bool {
         let now = self.now();
         let (held, reserved) = self.shared.tiers.figures(now);
-        held == 0
-            && reserved == 0
-            && self.shared.leases.nothing_pending()
-            && self
-                .shared
-                .tiers
-                .subgrants()
-                .is_none_or(|s| s.outstanding(now) == 0)
+        let outstanding = self
+            .shared
+            .tiers
+            .subgrants()
+            .map_or(0, |s| s.outstanding(now));
+        let quiet =
+            held == 0 && reserved == 0 && outstanding == 0 && self.shared.leases.nothing_pending();
+        if quiet {
+            let m = &self.shared.metrics.cluster;
+            m.tiered_held.set(0);
+            m.tiered_reserved.set(0);
+            if self.shared.tiers.client_allotments_on() {
+                m.client_outstanding.set(0);
+            }
+        }
+        quiet
     }
 
     /// Absorb this node's own report of lease spending on a key it owns

@@ -38,16 +38,18 @@ pub(super) async fn replicate(limiter: Limiter, interval: Duration, token: Cance
             _ = limiter.changes_waiting() => {}
         }
         loop {
-            // A round that sends nothing still runs once after a burst: it
+            // A round that takes nothing still runs once after a burst: it
             // sets the replication lag back to zero (nothing waits), as the
-            // gauge would otherwise keep the burst's last lag while idle.
-            // Failed sends are queued again and count as changes waiting.
-            let sent = limiter.replicate(10_000).await;
+            // gauge would otherwise keep the burst's last lag while idle —
+            // a round that took keys but sent none (no successor any more,
+            // a peer too old) sets it from them. Failed sends are queued
+            // again and count as changes waiting.
+            let took = limiter.replicate(10_000).await;
             tokio::select! {
                 _ = token.cancelled() => return,
                 _ = tokio::time::sleep(interval) => {}
             }
-            if sent == 0 && limiter.changes_pending() == 0 {
+            if took == 0 && limiter.changes_pending() == 0 {
                 break;
             }
         }
@@ -70,16 +72,18 @@ pub(super) async fn report(limiter: Limiter, interval: Duration, token: Cancella
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut quiet = false;
+    let mut flushed = tokio::time::Instant::now();
     loop {
         if quiet {
             tokio::select! {
                 _ = token.cancelled() => return,
                 _ = soon.notified() => {}
                 _ = tokio::time::sleep(interval * QUIET_INTERVALS) => {}
+                // No later than the busy pace would have reported it.
                 _ = leases.pending_begun() => tokio::select! {
                     _ = token.cancelled() => return,
                     _ = soon.notified() => {}
-                    _ = tokio::time::sleep(interval) => {}
+                    _ = tokio::time::sleep_until(flushed + interval) => {}
                 },
             }
             // The busy pace resumes from this round, not with the ticks
@@ -92,6 +96,7 @@ pub(super) async fn report(limiter: Limiter, interval: Duration, token: Cancella
                 _ = soon.notified() => {}
             }
         }
+        flushed = tokio::time::Instant::now();
         limiter.flush_reports().await;
         quiet = limiter.reports_quiet();
         tokio::select! {
