@@ -273,16 +273,16 @@ impl Limiter {
 
     /// Release apps' sub-grants that lapsed unreported past the grace
     /// (their tokens go back to the owner with this node's next ask), and
-    /// set the gauge.
+    /// set the gauge; returns what apps still hold.
     /// The reporter calls this once per report interval.
-    pub(super) fn settle_subgrants(&self) {
+    pub(super) fn settle_subgrants(&self) -> u64 {
         let now = self.now();
         let tiers = &self.shared.tiers;
         // The walk holds only the sub-grants' lock: decisions (which take
         // the allotments' lock) go on meanwhile.
         let (released, outstanding) = {
             let Some(mut subgrants) = tiers.subgrants() else {
-                return;
+                return 0;
             };
             let released = subgrants.sweep(now);
             (released, subgrants.outstanding(now))
@@ -298,5 +298,6 @@ impl Limiter {
             .cluster
             .client_outstanding
             .set(i64::try_from(outstanding).unwrap_or(i64::MAX));
+        outstanding
     }
 }

@@ -37,6 +37,7 @@ pub use envoy::{Descriptor, DescriptorOutcome};
 pub use holdings::Page;
 pub use owner::ForwardedItem;
 pub use replicate::Handoff;
+pub use reports::Flushed;
 pub use status::NodeStatus;
 
 use std::sync::Arc;

@@ -20,12 +20,28 @@ use crate::store::{Absorbed, key};
 const CHUNK_ITEMS: usize = 500;
 const CHUNK_BYTES: usize = 256 * 1024;
 
+/// What a report round did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Flushed {
+    /// Reports acknowledged.
+    pub acked: usize,
+    /// Nothing for the report task to do until something happens: no
+    /// spending waits to be reported, and this node holds no allotment,
+    /// has promised nothing to edges and passed nothing on to apps. Each
+    /// of those changes with time alone (expiries, the sub-grants' sweep,
+    /// the gauges the round sets), so while any is held the task keeps
+    /// its pace; once none is, only new spending gives it work. What an
+    /// owner grants while its node is quiet shows in the gauges within the
+    /// task's backstop (`server/tasks.rs`).
+    pub quiet: bool,
+}
+
 impl Limiter {
     /// Send what this edge admitted on leases to each key's current owner
     /// (absorbing its own keys here). Unacknowledged reports are resent
-    /// unchanged next time; returns how many were acknowledged.
-    pub async fn flush_reports(&self) -> usize {
-        self.settle_subgrants();
+    /// unchanged next time.
+    pub async fn flush_reports(&self) -> Flushed {
+        let outstanding = self.settle_subgrants();
         let (held, reserved) = self.shared.tiers.figures(self.now());
         let m = &self.shared.metrics.cluster;
         m.tiered_held.set(i64::try_from(held).unwrap_or(i64::MAX));
@@ -58,38 +74,10 @@ impl Limiter {
             .cluster
             .unreported
             .set(leases.unreported() as i64);
-        acked
-    }
-
-    /// Nothing for the report task to do until something happens: no
-    /// spending waits to be reported, and this node holds no allotment,
-    /// has promised nothing to edges and passed nothing on to apps. Each
-    /// of those changes with time alone (expiries, the sub-grants' sweep,
-    /// the gauges `flush_reports` sets), so while any is held the task
-    /// keeps its pace; once none is, only new spending gives it work.
-    /// Quiet, it sets the gauges `flush_reports` set (to these figures:
-    /// nothing held), as what they said may have lapsed since; what an
-    /// owner grants while its node is quiet shows within the task's
-    /// backstop (`server/tasks.rs`).
-    pub fn reports_quiet(&self) -> bool {
-        let now = self.now();
-        let (held, reserved) = self.shared.tiers.figures(now);
-        let outstanding = self
-            .shared
-            .tiers
-            .subgrants()
-            .map_or(0, |s| s.outstanding(now));
-        let quiet =
-            held == 0 && reserved == 0 && outstanding == 0 && self.shared.leases.nothing_pending();
-        if quiet {
-            let m = &self.shared.metrics.cluster;
-            m.tiered_held.set(0);
-            m.tiered_reserved.set(0);
-            if self.shared.tiers.client_allotments_on() {
-                m.client_outstanding.set(0);
-            }
+        Flushed {
+            acked,
+            quiet: held == 0 && reserved == 0 && outstanding == 0 && leases.nothing_pending(),
         }
-        quiet
     }
 
     /// Absorb this node's own report of lease spending on a key it owns

@@ -32,7 +32,7 @@ impl Node {
         let until = deadline.max(tokio::time::Instant::now() + Duration::from_millis(500));
         let mut acked = 0;
         loop {
-            acked += self.limiter.flush_reports().await;
+            acked += self.limiter.flush_reports().await.acked;
             if self.limiter.leases().unreported() == 0 || tokio::time::Instant::now() >= until {
                 break;
             }

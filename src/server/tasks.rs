@@ -63,7 +63,7 @@ const QUIET_INTERVALS: u32 = 10;
 /// Send lease and allotment reports every `interval`, or sooner when an
 /// allotment runs low — but never more often than a fifth of the interval.
 /// A node with nothing to report and nothing held
-/// ([`Limiter::reports_quiet`]) waits instead for its first new spending
+/// ([`Flushed::quiet`](crate::limiter::Flushed)) waits instead for its first new spending
 /// (then reports an interval later, with what follows it, as on the busy
 /// pace): ten idle rounds a second were a tenth of an idle node's wakeups.
 pub(super) async fn report(limiter: Limiter, interval: Duration, token: CancellationToken) {
@@ -97,8 +97,7 @@ pub(super) async fn report(limiter: Limiter, interval: Duration, token: Cancella
             }
         }
         flushed = tokio::time::Instant::now();
-        limiter.flush_reports().await;
-        quiet = limiter.reports_quiet();
+        quiet = limiter.flush_reports().await.quiet;
         tokio::select! {
             _ = token.cancelled() => return,
             _ = tokio::time::sleep(interval / 5) => {}
