@@ -74,11 +74,13 @@ struct AppRun {
     unavailable: u64,
     in_process: u64,
     seconds: f64,
-    /// Asks sent, and tokens granted (printed).
-    #[allow(dead_code)]
+    /// Asks sent, grants received, and tokens granted (printed).
     asks: u64,
+    grants: u64,
     #[allow(dead_code)]
     granted: u64,
+    /// Reports sent (carried by asks, or calls of their own).
+    reports: u64,
 }
 
 fn finish(child: std::process::Child) -> AppRun {
@@ -95,7 +97,9 @@ fn finish(child: std::process::Child) -> AppRun {
         in_process: n("/client/in_process_admitted") + n("/client/in_process_refused"),
         seconds: v["seconds"].as_f64().unwrap_or(0.0),
         asks: n("/client/asks"),
+        grants: n("/client/grants"),
         granted: n("/client/granted_tokens"),
+        reports: n("/client/reports_sent"),
     }
 }
 
@@ -135,6 +139,13 @@ async fn three_apps_on_one_hot_key_stay_within_five_percent_and_decide_in_proces
     for r in &runs {
         assert_eq!(r.unavailable, 0, "every app was answered: {r:?}");
         assert!(r.decisions > 0, "{r:?}");
+        // Spending rides on the next ask, or goes once its allotment ends:
+        // a report per ask and one per grant at most (a few more for
+        // resends), not one per tick.
+        assert!(
+            r.reports <= r.asks + r.grants + 3,
+            "reports ride on asks: {r:?}"
+        );
     }
     assert!(over <= 0.05, "over-admission {:.1}% > 5%", over * 100.0);
     assert!(
@@ -332,6 +343,7 @@ async fn a_report_resent_after_a_lost_acknowledgement_counts_once() {
             unused: 0,
             unreported: None,
             pace: true,
+            report: None,
         })
         .await
         .unwrap()
@@ -354,8 +366,48 @@ async fn a_report_resent_after_a_lost_acknowledgement_counts_once() {
     };
     let next = rpc.report(next).await.unwrap().into_inner();
     assert_eq!(next.ack, pb::Ack::Applied as i32, "{next:?}");
-    // The owner counts 1 + 35, not 1 + 65: an exact check of 0 hits reads
-    // what is left of the key.
+    // A report carried by an ask (which spends 1 more) is applied once
+    // too: its resend on its own is a duplicate.
+    let carried = pb::ReportRequest {
+        client_id: String::new(),
+        sequence: 3,
+        spent: vec![spent(7)],
+    };
+    let ask = |report: pb::ReportRequest| pb::AllotRequest {
+        client_id: "app-under-test".into(),
+        request: Some(spent(1)),
+        demand: 100,
+        unused: 0,
+        unreported: Some(7),
+        pace: true,
+        report: Some(report),
+    };
+    let allot = rpc.allot(ask(carried.clone())).await.unwrap().into_inner();
+    assert!(under(allot.response.as_ref().unwrap()), "{allot:?}");
+    let ack = allot.report.expect("the carried report's acknowledgement");
+    assert_eq!(ack.ack, pb::Ack::Applied as i32, "{ack:?}");
+    let again = rpc
+        .report(pb::ReportRequest {
+            client_id: "app-under-test".into(),
+            ..carried
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.ack, pb::Ack::Duplicate as i32, "{again:?}");
+    // One naming another app is refused by field, the ask still decided.
+    let foreign = pb::ReportRequest {
+        client_id: "another-app".into(),
+        sequence: 4,
+        spent: vec![spent(1)],
+    };
+    let allot = rpc.allot(ask(foreign)).await.unwrap().into_inner();
+    let ack = allot.report.expect("the foreign report's answer");
+    assert_eq!(ack.ack, pb::Ack::Invalid as i32, "{ack:?}");
+    assert_eq!(ack.errors[0].field, "report.client_id", "{ack:?}");
+    assert!(allot.response.is_some_and(|r| r.error.is_none()));
+    // The owner counts 1 + 35 + 1 + 7 + 1, not 1 + 65 + 1 + 14 + 1: an
+    // exact check of 0 hits reads what is left of the key.
     let read = pb::RateLimitRequest {
         hits: Some(0),
         ..common::inline("dup", "k", 100, 3_600_000)
@@ -369,18 +421,18 @@ async fn a_report_resent_after_a_lost_acknowledgement_counts_once() {
             let read = read.clone();
             async move {
                 let r = common::procs::check(&mut check, vec![read.clone()]).await;
-                r.is_ok_and(|r| r[0].remaining == 64)
+                r.is_ok_and(|r| r[0].remaining == 55)
             }
         },
     )
     .await;
     let r = common::procs::check(&mut check, vec![read]).await.unwrap();
-    assert_eq!(r[0].remaining, 64, "applied once: {:?}", r[0]);
+    assert_eq!(r[0].remaining, 55, "applied once: {:?}", r[0]);
     // A key this app was never passed is not counted, and says so.
     let stranger = rpc
         .report(pb::ReportRequest {
             client_id: "app-under-test".into(),
-            sequence: 3,
+            sequence: 5,
             spent: vec![pb::RateLimitRequest {
                 hits: Some(50),
                 ..common::inline("dup", "other", 100, 3_600_000)

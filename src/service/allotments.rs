@@ -58,6 +58,24 @@ impl Allotments for AllotmentsService {
         let Some(mut r) = ask.request else {
             return Err(Status::invalid_argument("request: required"));
         };
+        let check = wire::check_from_wire(&mut r, &self.limits);
+        // The report it carries first, and not behind admission (as a
+        // `Report` call's): what it applies is no longer the app's to hold.
+        let of_key = check
+            .as_ref()
+            .ok()
+            .map(|c| (&c.name[..], &c.unique_key[..]));
+        let (report, reported) = match ask.report {
+            Some(report) if !report.client_id.is_empty() && report.client_id != client => (
+                Some(invalid("report.client_id", "the ask's client_id, or unset")),
+                0,
+            ),
+            Some(report) => {
+                let (response, reported) = self.apply_report(client, report, of_key);
+                (Some(response), reported)
+            }
+            None => (None, 0),
+        };
         let Ok(_admitted) = self.admission.admit() else {
             let mut response = wire::overloaded();
             response.request_id = r.request_id;
@@ -67,11 +85,15 @@ impl Allotments for AllotmentsService {
                 expires_in_us: 0,
                 paced: 0,
                 paced_after_us: 0,
+                report,
             }));
         };
-        let check = wire::check_from_wire(&mut r, &self.limits);
         let outcome = match check {
             Ok(check) => {
+                // The app counts its report's hits as unreported until it
+                // hears the acknowledgement this answer carries: those of
+                // this key are reported now, not held.
+                let unreported = ask.unreported.map(|u| u.saturating_sub(reported));
                 self.limiter
                     .allot(
                         check,
@@ -79,7 +101,7 @@ impl Allotments for AllotmentsService {
                         AppAsk {
                             demand: ask.demand,
                             unused: ask.unused,
-                            unreported: ask.unreported,
+                            unreported,
                             pace: ask.pace,
                         },
                         budget,
@@ -109,6 +131,7 @@ impl Allotments for AllotmentsService {
             expires_in_us,
             paced,
             paced_after_us,
+            report,
         }))
     }
 
@@ -117,34 +140,54 @@ impl Allotments for AllotmentsService {
         request: Request<pb::ReportRequest>,
     ) -> Result<Response<pb::ReportResponse>, Status> {
         let report = request.into_inner();
-        let client = client_id(&report.client_id)?;
+        let client = client_id(&report.client_id)?.to_owned();
+        Ok(Response::new(self.apply_report(&client, report, None).0))
+    }
+}
+
+impl AllotmentsService {
+    /// Apply an app's report (a `Report` call's, or one carried by an
+    /// ask): its acknowledgement, and the hits it reported of `of_key`
+    /// (name, unique key) when it is applied now or was before (0 when it
+    /// is to be resent or is invalid).
+    fn apply_report(
+        &self,
+        client: &str,
+        report: pb::ReportRequest,
+        of_key: Option<(&str, &str)>,
+    ) -> (pb::ReportResponse, u64) {
         if report.sequence == 0 {
-            return Ok(Response::new(invalid("sequence", "starts at 1")));
+            return (invalid("sequence", "starts at 1"), 0);
         }
         if report.spent.len() > MAX_REPORT_ITEMS {
-            return Ok(Response::new(invalid(
-                "spent",
-                &format!(
-                    "at most {MAX_REPORT_ITEMS} items per report, got {}",
-                    report.spent.len()
-                ),
-            )));
+            let message = format!(
+                "at most {MAX_REPORT_ITEMS} items per report, got {}",
+                report.spent.len()
+            );
+            return (invalid("spent", &message), 0);
         }
         // Not behind admission: a report only lowers what is promised, and
         // one held back past the grace would have its tokens promised again
         // while its spending still counts when it lands.
-        let checks = report
+        let checks: Vec<_> = report
             .spent
             .into_iter()
             .map(|mut r| wire::check_from_wire(&mut r, &self.limits))
             .collect();
+        let reported = of_key.map_or(0, |(name, key)| {
+            checks
+                .iter()
+                .flatten()
+                .filter(|c| c.name == name && c.unique_key == key)
+                .fold(0u64, |sum, c| sum.saturating_add(c.request.hits))
+        });
         let ack = self.limiter.client_report(client, report.sequence, checks);
-        let (ack, errors) = match ack {
-            ClientAck::Applied(errors) => (pb::Ack::Applied, errors),
-            ClientAck::Duplicate => (pb::Ack::Duplicate, Vec::new()),
-            ClientAck::Retry => (pb::Ack::Retry, Vec::new()),
+        let (ack, errors, reported) = match ack {
+            ClientAck::Applied(errors) => (pb::Ack::Applied, errors, reported),
+            ClientAck::Duplicate => (pb::Ack::Duplicate, Vec::new(), reported),
+            ClientAck::Retry => (pb::Ack::Retry, Vec::new(), 0),
         };
-        Ok(Response::new(pb::ReportResponse {
+        let response = pb::ReportResponse {
             ack: ack as i32,
             errors: errors
                 .iter()
@@ -154,7 +197,8 @@ impl Allotments for AllotmentsService {
                     message: e.message.clone(),
                 })
                 .collect(),
-        }))
+        };
+        (response, reported)
     }
 }
 

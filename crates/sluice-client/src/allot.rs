@@ -10,11 +10,16 @@
 //! cover asks the node, which decides it exactly and grants the next
 //! allotment, taking back what was left of the last.
 //!
-//! What was spent is reported asynchronously (`Report`), every
-//! [`REPORT_EVERY`] or sooner when an allotment runs low, one report in
-//! flight, resent unchanged until acknowledged: the node applies each
-//! `(client id, sequence)` once, so a lost acknowledgement never counts
-//! twice. The node reports it on to the key's owner under its own id.
+//! What was spent is reported asynchronously, one report in flight,
+//! resent unchanged until acknowledged: the node applies each `(client id,
+//! sequence)` once, so a lost acknowledgement never counts twice. The node
+//! reports it on to the key's owner under its own id. A report rides on
+//! the next ask (an allotment spent, the next one asked for) and costs no
+//! call of its own; spending no ask carries goes in a `Report` of its own
+//! when the allotment it was spent from ends — so every hit reaches the
+//! node no later than it would at a fixed interval, within the grace the
+//! node keeps a lapsed sub-grant's tokens reserved for (see
+//! [`REPORT_TIMEOUT`]).
 //!
 //! The app is inside the limit's trust boundary: one that does not report
 //! admits beyond the limit by at most what it was granted.
@@ -39,8 +44,7 @@ use crate::{Check, Decision, Limit, Path, Source};
 /// Keys a client holds allotments of, unless told otherwise.
 pub const DEFAULT_ALLOTMENT_KEYS: usize = 10_000;
 
-/// How often spending is reported (the node's
-/// `cluster.client_allotments.report_interval` must be at least this).
+/// How soon a report that was not acknowledged is sent again.
 pub const REPORT_EVERY: Duration = Duration::from_millis(50);
 
 /// Items per report (a node refuses more than `limits.max_batch`, 1,000 by
@@ -54,6 +58,10 @@ const REFUSED_AFTER_WAIT: u64 = 1_000_000;
 /// How long a report may take before it is resent: within the node's
 /// grace for a lapsed sub-grant (3 report rounds of the node's, 310 ms by
 /// default), so one lost report does not hold every later one past it.
+/// Spending is reported by the end of its allotment, which ends a round
+/// trip before the node's sub-grant does: a report lost then is resent
+/// [`REPORT_TIMEOUT`] + [`REPORT_EVERY`] (250 ms) later, and reaches the
+/// node inside that grace.
 const REPORT_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// Policies learned to be tiered, remembered at most.
@@ -117,6 +125,9 @@ struct Table {
     tiered_policies: HashSet<String>,
     /// Spent since the last report was cut.
     pending: HashMap<Arc<[u8]>, u64>,
+    /// When the first of the allotments `pending` was spent from ends: it
+    /// is reported by then (None: nothing pending).
+    due: Option<u64>,
     /// Keys the node just refused: refusals left before asking again, and
     /// until when at most.
     cooling: HashMap<Arc<[u8]>, (u32, u64)>,
@@ -142,11 +153,13 @@ pub(crate) struct Allotter {
     /// A std mutex: held for a map lookup and some arithmetic, never
     /// across an await.
     table: Mutex<Table>,
-    /// One report exchange at a time (the reporter's, or a flush asked for
-    /// by the app): a tokio mutex, as it is held across the call.
+    /// One report exchange at a time (the reporter's, an ask carrying the
+    /// report, or a flush asked for by the app): a tokio mutex, as it is
+    /// held across the call.
     reporting: tokio::sync::Mutex<()>,
-    /// An allotment ran low: report now, not at the next tick.
-    pub(crate) low: Arc<tokio::sync::Notify>,
+    /// Wakes the reporter: spending began to wait for a report (it sleeps
+    /// until it is due), or the client is gone.
+    pub(crate) wake: Arc<tokio::sync::Notify>,
     pub(crate) stats: Arc<AllotmentStats>,
 }
 
@@ -212,6 +225,22 @@ impl Drop for Asking<'_> {
     }
 }
 
+/// An ask carrying the report in flight (it holds the report exchange);
+/// dropped with the report still unacknowledged (the call failed, or was
+/// cancelled), it wakes the reporter to resend it.
+struct Carrying<'a> {
+    allotter: &'a Allotter,
+    _one: tokio::sync::MutexGuard<'a, ()>,
+}
+
+impl Drop for Carrying<'_> {
+    fn drop(&mut self) {
+        if self.allotter.table().in_flight.is_some() {
+            self.allotter.wake.notify_one();
+        }
+    }
+}
+
 /// Tokens given back by an ask that is not sent after all: kept to give
 /// back with the next one (never spent: too few for the check, or expired).
 fn keep_unused(t: &mut Table, k: &[u8], unused: u64) {
@@ -259,6 +288,7 @@ impl Allotter {
                 keys: HashMap::new(),
                 tiered_policies: HashSet::new(),
                 pending: HashMap::new(),
+                due: None,
                 cooling: HashMap::new(),
                 asking: HashMap::new(),
                 next_ask: 0,
@@ -266,7 +296,7 @@ impl Allotter {
                 next_seq: 1,
             }),
             reporting: tokio::sync::Mutex::new(()),
-            low: Arc::new(tokio::sync::Notify::new()),
+            wake: Arc::new(tokio::sync::Notify::new()),
             stats: Arc::new(AllotmentStats::default()),
         }
     }
@@ -319,7 +349,7 @@ impl Allotter {
             return Spend::Bypass;
         }
         match t.allotments.spend(&k, check.hits, now) {
-            Local::Admitted { left, low } => {
+            Local::Admitted { left, expires, .. } => {
                 let Some(key) = t.keys.get(&k[..]) else {
                     // Tokens with no answer to shape: cannot happen (a
                     // grant comes with its key); ask the node.
@@ -348,12 +378,14 @@ impl Allotter {
                     self.stats
                         .unreported_hits
                         .fetch_add(check.hits, Ordering::Relaxed);
+                    // Reported by the end of the allotment it came from.
+                    if t.due.is_none_or(|due| expires < due) {
+                        t.due = Some(expires);
+                        self.wake.notify_one();
+                    }
                 }
                 drop(t);
                 self.stats.local_admitted.fetch_add(1, Ordering::Relaxed);
-                if low {
-                    self.low.notify_one();
-                }
                 Spend::Decided(decision)
             }
             Local::Refused { retry_after } => {
@@ -453,6 +485,28 @@ impl Allotter {
         self.stats.asks.fetch_add(1, Ordering::Relaxed);
         let mut request = check.to_wire();
         request.mode = pb::Mode::Tiered as i32;
+        // The report goes with the ask unless another exchange has it now;
+        // the lock is held until its acknowledgement is taken in (a
+        // cancelled ask leaves the report in flight, resent unchanged).
+        let reporting = self.reporting.try_lock().ok().map(|one| Carrying {
+            allotter: self,
+            _one: one,
+        });
+        let report = match reporting {
+            Some(_) => {
+                let mut t = self.table();
+                if t.in_flight.is_none() {
+                    cut(&mut t, &self.id);
+                }
+                t.in_flight.as_ref().map(|(r, _)| r.clone())
+            }
+            None => None,
+        };
+        if report.is_some() {
+            self.stats.reports_sent.fetch_add(1, Ordering::Relaxed);
+        }
+        // Counting the report's hits of this key: the node takes them off
+        // when it has applied the report.
         let unreported = self.unreported(&encode(check));
         // The grant's life is counted from before the call: this process
         // stops spending before the node stops counting the tokens.
@@ -466,6 +520,7 @@ impl Allotter {
                 unused,
                 unreported: Some(unreported),
                 pace: pace.is_some(),
+                report,
             })
             .await;
         let answer = match answer {
@@ -477,6 +532,10 @@ impl Allotter {
                 return Err(status);
             }
         };
+        if let Some(ack) = &answer.report {
+            self.acknowledged(ack.ack);
+        }
+        drop(reporting);
         let response = answer
             .response
             .ok_or_else(|| tonic::Status::internal("an Allot answer with no response"))?;
@@ -549,13 +608,17 @@ impl Allotter {
             .fold(pending, |sum, (_, h)| sum.saturating_add(*h))
     }
 
-    /// Report what was spent (the report in flight first, unchanged).
-    /// Returns whether nothing is left unacknowledged.
-    pub(crate) async fn report(&self) -> bool {
+    /// Report what was spent (the report in flight first, unchanged);
+    /// spending not yet due only if `now` (a flush). Returns whether
+    /// nothing is left unacknowledged.
+    pub(crate) async fn report(&self, now: bool) -> bool {
         let _one = self.reporting.lock().await;
         let report = {
             let mut t = self.table();
             if t.in_flight.is_none() {
+                if !now && t.due.is_none_or(|due| due > self.now()) {
+                    return t.pending.is_empty();
+                }
                 cut(&mut t, &self.id);
             }
             match &t.in_flight {
@@ -569,6 +632,16 @@ impl Allotter {
             Ok(Ok(r)) => r.into_inner().ack,
             _ => return false,
         };
+        self.acknowledged(ack) && {
+            let t = self.table();
+            t.in_flight.is_none() && t.pending.is_empty()
+        }
+    }
+
+    /// The report in flight was answered `ack`: whether it is done with
+    /// (applied, now or before, or never applicable), so the next can be
+    /// cut.
+    fn acknowledged(&self, ack: i32) -> bool {
         let done = if ack == pb::Ack::Applied as i32 {
             &self.stats.reports_applied
         } else if ack == pb::Ack::Duplicate as i32 {
@@ -590,13 +663,33 @@ impl Allotter {
                 Ordering::Relaxed,
             );
         }
-        t.in_flight.is_none() && t.pending.is_empty()
+        true
+    }
+
+    /// How long until a report is due: [`REPORT_EVERY`] if one is in
+    /// flight unacknowledged (it failed), when the first waiting spending
+    /// is due otherwise; None if nothing waits.
+    fn report_in(&self) -> Option<Duration> {
+        let t = self.table();
+        if t.in_flight.is_some() {
+            return Some(REPORT_EVERY);
+        }
+        let due = t.due?;
+        Some(Duration::from_nanos(due.saturating_sub(self.now())))
+    }
+}
+
+impl Drop for Allotter {
+    fn drop(&mut self) {
+        // The reporter may be asleep with nothing due: it ends now.
+        self.wake.notify_one();
     }
 }
 
 /// Cut the next report from what is pending (at most [`REPORT_ITEMS`]).
 fn cut(t: &mut Table, client_id: &str) {
     if t.pending.is_empty() {
+        t.due = None;
         return;
     }
     let keys: Vec<Arc<[u8]>> = t.pending.keys().take(REPORT_ITEMS).cloned().collect();
@@ -614,6 +707,11 @@ fn cut(t: &mut Table, client_id: &str) {
         r.hits = Some(i64::try_from(hits).unwrap_or(i64::MAX));
         spent.push(r);
         per_key.push((k, hits));
+    }
+    // All of it cut: nothing waits to be due. (Keys left beyond the
+    // items bound keep the due passed: the next report goes at once.)
+    if t.pending.is_empty() {
+        t.due = None;
     }
     let seq = t.next_seq;
     t.next_seq += 1;
@@ -647,16 +745,28 @@ fn prune(t: &mut Table) {
     });
 }
 
-/// Report every [`REPORT_EVERY`], or when an allotment runs low (`low`),
-/// until the client is gone. Holds the allotter only while reporting: the
+/// Report spending when it is due (an ask carries it sooner), resend a
+/// report not acknowledged every [`REPORT_EVERY`], until the client is
+/// gone. Holds the allotter only while reporting: the
 /// client's last handle going ends the loop.
-pub(crate) async fn report_loop(allotter: Weak<Allotter>, low: Arc<tokio::sync::Notify>) {
+pub(crate) async fn report_loop(allotter: Weak<Allotter>, wake: Arc<tokio::sync::Notify>) {
     loop {
-        tokio::select! {
-            _ = tokio::time::sleep(REPORT_EVERY) => {}
-            _ = low.notified() => {}
+        let wait = {
+            let Some(a) = allotter.upgrade() else { return };
+            a.report_in()
+        };
+        match wait {
+            // Nothing waits: sleep until spending begins (or the client
+            // is gone).
+            None => wake.notified().await,
+            Some(wait) => {
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = wake.notified() => {}
+                }
+            }
         }
         let Some(a) = allotter.upgrade() else { return };
-        a.report().await;
+        a.report(false).await;
     }
 }

@@ -284,7 +284,7 @@ impl Builder {
             .and(allotments_channel)
             .map(|ch| {
                 let a = Arc::new(allot::Allotter::new(id, ch, self.allotment_keys));
-                tokio::spawn(allot::report_loop(Arc::downgrade(&a), a.low.clone()));
+                tokio::spawn(allot::report_loop(Arc::downgrade(&a), a.wake.clone()));
                 a
             });
         let rpc = RateLimiterClient::new(channel);
@@ -366,7 +366,7 @@ impl Client {
             return true;
         };
         tokio::time::timeout(within, async {
-            while !a.report().await {
+            while !a.report(true).await {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         })

@@ -36,8 +36,14 @@ pub struct Taken {
 pub enum Local {
     /// Admitted from the allotment, no hop; this many tokens are left.
     /// `low`: the allotment just fell below a quarter of its grant (report
-    /// what was spent now, not at the next interval).
-    Admitted { left: u64, low: bool },
+    /// what was spent now, not at the next interval). `expires`: when the
+    /// allotment it was spent from ends (an app reports its spending by
+    /// then).
+    Admitted {
+        left: u64,
+        low: bool,
+        expires: Nanos,
+    },
     /// Refused here: the owner had nothing to grant a moment ago; ask again
     /// after this long.
     Refused { retry_after: Nanos },
@@ -160,6 +166,7 @@ impl Allotments {
             return Local::Admitted {
                 left: a.tokens,
                 low,
+                expires: a.expires,
             };
         }
         if now < a.empty_until {

@@ -88,7 +88,8 @@ fn paced_tokens_come_due_evenly_and_are_waited_for_not_asked() {
         a.spend(b"k", 1, MS),
         Local::Admitted {
             left: 0,
-            low: false
+            low: false,
+            expires: 100 * MS
         }
     );
     // Ten due by 11 ms; five spent in one check.
@@ -96,7 +97,8 @@ fn paced_tokens_come_due_evenly_and_are_waited_for_not_asked() {
         a.spend(b"k", 5, 11 * MS),
         Local::Admitted {
             left: 5,
-            low: false
+            low: false,
+            expires: 100 * MS
         }
     );
     assert_eq!(

@@ -107,16 +107,25 @@ fn an_edge_spends_its_allotment_then_asks_with_its_demand() {
         a.spend(b"k", 5, MS),
         Local::Admitted {
             left: 3,
-            low: false
+            low: false,
+            expires: 100 * MS
         }
     );
     // Below a quarter of the grant: signalled once (report soon).
-    assert_eq!(a.spend(b"k", 2, MS), Local::Admitted { left: 1, low: true });
+    assert_eq!(
+        a.spend(b"k", 2, MS),
+        Local::Admitted {
+            left: 1,
+            low: true,
+            expires: 100 * MS
+        }
+    );
     assert_eq!(
         a.spend(b"k", 0, MS),
         Local::Admitted {
             left: 1,
-            low: false
+            low: false,
+            expires: 100 * MS
         }
     );
     assert_eq!(a.held(MS), 1);
@@ -347,7 +356,11 @@ fn a_flood_takes_the_room_of_the_earliest_expired_first() {
     assert!(a.contains(b"live"));
     assert_eq!(
         a.spend(b"live", 5, now + 100 * MS),
-        Local::Admitted { left: 0, low: true }
+        Local::Admitted {
+            left: 0,
+            low: true,
+            expires: 900 * MS
+        }
     );
 }
 
