@@ -253,9 +253,10 @@ pub struct ClientAllotments {
     pub max_keys_per_client: usize,
     /// Apps holding sub-grants of one key.
     pub max_clients_per_key: usize,
-    /// How often apps report (sluice-client's default is 50ms): a
-    /// sub-grant ends this long before the node's own allotment does, so
-    /// the app's last report is here in time.
+    /// How long before the node's own allotment a sub-grant ends, so an
+    /// app's report of its last hits is here in time (sluice-client
+    /// reports them when its allotment ends, and resends a report not
+    /// acknowledged every 50ms). The name is kept for old configs.
     #[serde(with = "humantime_serde_compat")]
     pub report_interval: Duration,
 }

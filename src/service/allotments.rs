@@ -148,8 +148,10 @@ impl Allotments for AllotmentsService {
 impl AllotmentsService {
     /// Apply an app's report (a `Report` call's, or one carried by an
     /// ask): its acknowledgement, and the hits it reported of `of_key`
-    /// (name, unique key) when it is applied now or was before (0 when it
-    /// is to be resent or is invalid).
+    /// (name, unique key) when it is applied now (0 otherwise: a duplicate
+    /// may be a resend of one still being applied by a call the app gave
+    /// up on, so its hits may not be counted yet — the app's figure of
+    /// what it holds unreported stays as it said, which is never less).
     fn apply_report(
         &self,
         client: &str,
@@ -184,7 +186,7 @@ impl AllotmentsService {
         let ack = self.limiter.client_report(client, report.sequence, checks);
         let (ack, errors, reported) = match ack {
             ClientAck::Applied(errors) => (pb::Ack::Applied, errors, reported),
-            ClientAck::Duplicate => (pb::Ack::Duplicate, Vec::new(), reported),
+            ClientAck::Duplicate => (pb::Ack::Duplicate, Vec::new(), 0),
             ClientAck::Retry => (pb::Ack::Retry, Vec::new(), 0),
         };
         let response = pb::ReportResponse {

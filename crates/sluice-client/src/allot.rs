@@ -16,10 +16,12 @@
 //! reports it on to the key's owner under its own id. A report rides on
 //! the next ask (an allotment spent, the next one asked for) and costs no
 //! call of its own; spending no ask carries goes in a `Report` of its own
-//! when the allotment it was spent from ends — so every hit reaches the
-//! node no later than it would at a fixed interval, within the grace the
-//! node keeps a lapsed sub-grant's tokens reserved for (see
-//! [`REPORT_TIMEOUT`]).
+//! when the allotment it was spent from ends. So an allotment's last hits
+//! reach the node as soon as at a fixed 50 ms interval, within the grace
+//! the node keeps a lapsed sub-grant's tokens reserved for (see
+//! [`REPORT_TIMEOUT`]), and its earlier ones later than at that interval:
+//! a report lost twice, or an app killed, costs up to one allotment's
+//! spending (the limit admits that much more), where it cost 50 ms of it.
 //!
 //! The app is inside the limit's trust boundary: one that does not report
 //! admits beyond the limit by at most what it was granted.
@@ -44,8 +46,14 @@ use crate::{Check, Decision, Limit, Path, Source};
 /// Keys a client holds allotments of, unless told otherwise.
 pub const DEFAULT_ALLOTMENT_KEYS: usize = 10_000;
 
-/// How soon a report that was not acknowledged is sent again.
+/// How soon a report that was not acknowledged is sent again. (Spending
+/// itself is reported with the next ask, or when its allotment ends.)
 pub const REPORT_EVERY: Duration = Duration::from_millis(50);
+
+/// Items a report carried by an ask holds at most: the node applies it
+/// before deciding the ask's check, which waits meanwhile. A larger one
+/// goes in a `Report` of its own.
+const CARRIED_ITEMS: usize = 16;
 
 /// Items per report (a node refuses more than `limits.max_batch`, 1,000 by
 /// default).
@@ -58,10 +66,13 @@ const REFUSED_AFTER_WAIT: u64 = 1_000_000;
 /// How long a report may take before it is resent: within the node's
 /// grace for a lapsed sub-grant (3 report rounds of the node's, 310 ms by
 /// default), so one lost report does not hold every later one past it.
-/// Spending is reported by the end of its allotment, which ends a round
-/// trip before the node's sub-grant does: a report lost then is resent
-/// [`REPORT_TIMEOUT`] + [`REPORT_EVERY`] (250 ms) later, and reaches the
-/// node inside that grace.
+/// Spending is reported by the end of its allotment, which ends a one-way
+/// trip before the node's sub-grant does (both are counted from the ask:
+/// here from its sending, there from its arrival): a report lost then is
+/// resent [`REPORT_TIMEOUT`] + [`REPORT_EVERY`] (250 ms) later, and reaches
+/// the node inside that grace. An ask carries the report only if its
+/// deadline is no longer than this, so an exchange that holds the report
+/// is as bounded as a `Report` call.
 const REPORT_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// Policies learned to be tiered, remembered at most.
@@ -96,8 +107,10 @@ pub struct AllotmentStats {
     /// Grants received, and their tokens.
     pub grants: AtomicU64,
     pub granted_tokens: AtomicU64,
-    /// Reports sent (resends included), and how they were acknowledged.
+    /// Reports sent (resends included), those of them carried by an ask,
+    /// and how they were acknowledged.
     pub reports_sent: AtomicU64,
+    pub reports_carried: AtomicU64,
     pub reports_applied: AtomicU64,
     pub reports_duplicate: AtomicU64,
     pub reports_invalid: AtomicU64,
@@ -226,8 +239,9 @@ impl Drop for Asking<'_> {
 }
 
 /// An ask carrying the report in flight (it holds the report exchange);
-/// dropped with the report still unacknowledged (the call failed, or was
-/// cancelled), it wakes the reporter to resend it.
+/// dropped with the report still unacknowledged (the call failed, was
+/// cancelled, or the node said to resend it), it wakes the reporter, which
+/// resends it after [`REPORT_EVERY`].
 struct Carrying<'a> {
     allotter: &'a Allotter,
     _one: tokio::sync::MutexGuard<'a, ()>,
@@ -235,7 +249,8 @@ struct Carrying<'a> {
 
 impl Drop for Carrying<'_> {
     fn drop(&mut self) {
-        if self.allotter.table().in_flight.is_some() {
+        let unacknowledged = self.allotter.table().in_flight.is_some();
+        if unacknowledged {
             self.allotter.wake.notify_one();
         }
     }
@@ -367,6 +382,7 @@ impl Allotter {
                     path: Path::LocalAllotment,
                     in_process: !waited,
                 };
+                let mut wake = false;
                 if check.hits > 0 {
                     // The key is allocated once, when it first has spending.
                     match t.pending.get_mut(&k[..]) {
@@ -381,10 +397,14 @@ impl Allotter {
                     // Reported by the end of the allotment it came from.
                     if t.due.is_none_or(|due| expires < due) {
                         t.due = Some(expires);
-                        self.wake.notify_one();
+                        wake = true;
                     }
                 }
                 drop(t);
+                // Not under the lock: a wakeup may be a syscall.
+                if wake {
+                    self.wake.notify_one();
+                }
                 self.stats.local_admitted.fetch_add(1, Ordering::Relaxed);
                 Spend::Decided(decision)
             }
@@ -475,35 +495,45 @@ impl Allotter {
 
     /// Ask the node: decide `check` and grant the next allotment. `Err`
     /// with the status when the call failed (the caller decides).
+    /// `within`: how long the caller waits for the answer.
     pub(crate) async fn ask(
         &self,
         check: &Check,
         demand: u64,
         unused: u64,
         pace: Option<u64>,
+        within: Duration,
     ) -> Result<pb::RateLimitResponse, tonic::Status> {
         self.stats.asks.fetch_add(1, Ordering::Relaxed);
         let mut request = check.to_wire();
         request.mode = pb::Mode::Tiered as i32;
-        // The report goes with the ask unless another exchange has it now;
-        // the lock is held until its acknowledgement is taken in (a
+        // The report goes with the ask unless another exchange has it now,
+        // it is large, or the ask may take longer than a report may; the
+        // lock is held until its acknowledgement is taken in (a failed or
         // cancelled ask leaves the report in flight, resent unchanged).
-        let reporting = self.reporting.try_lock().ok().map(|one| Carrying {
-            allotter: self,
-            _one: one,
-        });
-        let report = match reporting {
-            Some(_) => {
-                let mut t = self.table();
-                if t.in_flight.is_none() {
-                    cut(&mut t, &self.id);
-                }
-                t.in_flight.as_ref().map(|(r, _)| r.clone())
+        let mut reporting = None;
+        let mut report = None;
+        if within <= REPORT_TIMEOUT
+            && let Ok(one) = self.reporting.try_lock()
+        {
+            let mut t = self.table();
+            if t.in_flight.is_none() && t.pending.len() <= CARRIED_ITEMS {
+                cut(&mut t, &self.id);
             }
-            None => None,
-        };
-        if report.is_some() {
-            self.stats.reports_sent.fetch_add(1, Ordering::Relaxed);
+            report = t
+                .in_flight
+                .as_ref()
+                .filter(|(r, _)| r.spent.len() <= CARRIED_ITEMS)
+                .map(|(r, _)| r.clone());
+            drop(t);
+            if report.is_some() {
+                reporting = Some(Carrying {
+                    allotter: self,
+                    _one: one,
+                });
+                self.stats.reports_sent.fetch_add(1, Ordering::Relaxed);
+                self.stats.reports_carried.fetch_add(1, Ordering::Relaxed);
+            }
         }
         // Counting the report's hits of this key: the node takes them off
         // when it has applied the report.
@@ -755,16 +785,20 @@ pub(crate) async fn report_loop(allotter: Weak<Allotter>, wake: Arc<tokio::sync:
             let Some(a) = allotter.upgrade() else { return };
             a.report_in()
         };
-        match wait {
-            // Nothing waits: sleep until spending begins (or the client
-            // is gone).
-            None => wake.notified().await,
-            Some(wait) => {
-                tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
-                    _ = wake.notified() => {}
-                }
+        // Woken (spending began, its due came sooner, an ask left the
+        // report unacknowledged, or the client is gone): look again.
+        let slept = match wait {
+            None => {
+                wake.notified().await;
+                false
             }
+            Some(wait) => tokio::select! {
+                _ = tokio::time::sleep(wait) => true,
+                _ = wake.notified() => false,
+            },
+        };
+        if !slept {
+            continue;
         }
         let Some(a) = allotter.upgrade() else { return };
         a.report(false).await;

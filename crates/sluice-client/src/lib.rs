@@ -394,7 +394,7 @@ impl Client {
                     } => {
                         let asked = tokio::time::timeout_at(
                             until,
-                            a.ask(check, demand, unused, asking.pace),
+                            a.ask(check, demand, unused, asking.pace, self.inner.deadline),
                         )
                         .await;
                         match asked {

@@ -543,6 +543,7 @@ fn report(run: &Run, took: Duration) {
             "grants": get_a(|a| &a.grants),
             "granted_tokens": get_a(|a| &a.granted_tokens),
             "reports_sent": get_a(|a| &a.reports_sent),
+            "reports_carried": get_a(|a| &a.reports_carried),
             "reports_applied": get_a(|a| &a.reports_applied),
             "reports_duplicate": get_a(|a| &a.reports_duplicate),
             "unreported_hits": get_a(|a| &a.unreported_hits),
