@@ -152,6 +152,10 @@ struct Table {
     next_ask: u64,
     /// The report cut and not yet acknowledged, and its hits by key.
     in_flight: Option<(pb::ReportRequest, PerKey)>,
+    /// When the report in flight is resent, once an exchange of it ended
+    /// unacknowledged: a time, not a wait, so wakeups meanwhile do not put
+    /// it off.
+    resend_at: Option<u64>,
     next_seq: u64,
 }
 
@@ -238,10 +242,12 @@ impl Drop for Asking<'_> {
     }
 }
 
-/// An ask carrying the report in flight (it holds the report exchange);
+/// An ask carrying a report it cut (it holds the report exchange);
 /// dropped with the report still unacknowledged (the call failed, was
-/// cancelled, or the node said to resend it), it wakes the reporter, which
-/// resends it after [`REPORT_EVERY`].
+/// cancelled, or the node said to resend it), it leaves the report to the
+/// reporter, which resends it [`REPORT_EVERY`] later — no later ask
+/// carries it (a node slower than the asks' deadline would otherwise see
+/// it only on asks that time out).
 struct Carrying<'a> {
     allotter: &'a Allotter,
     _one: tokio::sync::MutexGuard<'a, ()>,
@@ -249,7 +255,15 @@ struct Carrying<'a> {
 
 impl Drop for Carrying<'_> {
     fn drop(&mut self) {
-        let unacknowledged = self.allotter.table().in_flight.is_some();
+        let now = self.allotter.now();
+        let unacknowledged = {
+            let mut t = self.allotter.table();
+            let unacknowledged = t.in_flight.is_some();
+            if unacknowledged {
+                t.resend_at = Some(now.saturating_add(REPORT_EVERY.as_nanos() as u64));
+            }
+            unacknowledged
+        };
         if unacknowledged {
             self.allotter.wake.notify_one();
         }
@@ -308,6 +322,7 @@ impl Allotter {
                 asking: HashMap::new(),
                 next_ask: 0,
                 in_flight: None,
+                resend_at: None,
                 next_seq: 1,
             }),
             reporting: tokio::sync::Mutex::new(()),
@@ -516,15 +531,13 @@ impl Allotter {
         if within <= REPORT_TIMEOUT
             && let Ok(one) = self.reporting.try_lock()
         {
+            // Only a report cut here: one not acknowledged is the
+            // reporter's to resend.
             let mut t = self.table();
             if t.in_flight.is_none() && t.pending.len() <= CARRIED_ITEMS {
                 cut(&mut t, &self.id);
+                report = t.in_flight.as_ref().map(|(r, _)| r.clone());
             }
-            report = t
-                .in_flight
-                .as_ref()
-                .filter(|(r, _)| r.spent.len() <= CARRIED_ITEMS)
-                .map(|(r, _)| r.clone());
             drop(t);
             if report.is_some() {
                 reporting = Some(Carrying {
@@ -645,11 +658,14 @@ impl Allotter {
         let _one = self.reporting.lock().await;
         let report = {
             let mut t = self.table();
+            let at = self.now();
             if t.in_flight.is_none() {
-                if !now && t.due.is_none_or(|due| due > self.now()) {
+                if !now && t.due.is_none_or(|due| due > at) {
                     return t.pending.is_empty();
                 }
                 cut(&mut t, &self.id);
+            } else if !now && t.resend_at.is_some_and(|resend| resend > at) {
+                return false;
             }
             match &t.in_flight {
                 Some((r, _)) => r.clone(),
@@ -660,12 +676,14 @@ impl Allotter {
         let mut rpc = self.rpc.clone();
         let ack = match tokio::time::timeout(REPORT_TIMEOUT, rpc.report(report)).await {
             Ok(Ok(r)) => r.into_inner().ack,
-            _ => return false,
+            _ => 0,
         };
-        self.acknowledged(ack) && {
-            let t = self.table();
-            t.in_flight.is_none() && t.pending.is_empty()
+        let done = self.acknowledged(ack);
+        let mut t = self.table();
+        if !done {
+            t.resend_at = Some(self.now().saturating_add(REPORT_EVERY.as_nanos() as u64));
         }
+        done && t.in_flight.is_none() && t.pending.is_empty()
     }
 
     /// The report in flight was answered `ack`: whether it is done with
@@ -696,16 +714,20 @@ impl Allotter {
         true
     }
 
-    /// How long until a report is due: [`REPORT_EVERY`] if one is in
-    /// flight unacknowledged (it failed), when the first waiting spending
-    /// is due otherwise; None if nothing waits.
+    /// How long until a report is due: the resend of one in flight
+    /// unacknowledged, when the first waiting spending is due otherwise;
+    /// None if nothing waits.
     fn report_in(&self) -> Option<Duration> {
+        let now = self.now();
         let t = self.table();
-        if t.in_flight.is_some() {
-            return Some(REPORT_EVERY);
-        }
-        let due = t.due?;
-        Some(Duration::from_nanos(due.saturating_sub(self.now())))
+        let at = if t.in_flight.is_some() {
+            // Not yet sent again (a flush cancelled mid-call): soon.
+            t.resend_at
+                .unwrap_or(now.saturating_add(REPORT_EVERY.as_nanos() as u64))
+        } else {
+            t.due?
+        };
+        Some(Duration::from_nanos(at.saturating_sub(now)))
     }
 }
 
@@ -745,6 +767,7 @@ fn cut(t: &mut Table, client_id: &str) {
     }
     let seq = t.next_seq;
     t.next_seq += 1;
+    t.resend_at = None;
     t.in_flight = Some((
         pb::ReportRequest {
             client_id: client_id.to_string(),
