@@ -71,7 +71,8 @@ impl Allotments for AllotmentsService {
                 0,
             ),
             Some(report) => {
-                let (response, reported) = self.apply_report(client, report, of_key);
+                let (response, reported) =
+                    self.apply_report(client, report.sequence, report.spent, of_key);
                 (Some(response), reported)
             }
             None => (None, 0),
@@ -140,8 +141,9 @@ impl Allotments for AllotmentsService {
         request: Request<pb::ReportRequest>,
     ) -> Result<Response<pb::ReportResponse>, Status> {
         let report = request.into_inner();
-        let client = client_id(&report.client_id)?.to_owned();
-        Ok(Response::new(self.apply_report(&client, report, None).0))
+        let client = client_id(&report.client_id)?;
+        let (response, _) = self.apply_report(client, report.sequence, report.spent, None);
+        Ok(Response::new(response))
     }
 }
 
@@ -155,24 +157,24 @@ impl AllotmentsService {
     fn apply_report(
         &self,
         client: &str,
-        report: pb::ReportRequest,
+        sequence: u64,
+        spent: Vec<pb::RateLimitRequest>,
         of_key: Option<(&str, &str)>,
     ) -> (pb::ReportResponse, u64) {
-        if report.sequence == 0 {
+        if sequence == 0 {
             return (invalid("sequence", "starts at 1"), 0);
         }
-        if report.spent.len() > MAX_REPORT_ITEMS {
+        if spent.len() > MAX_REPORT_ITEMS {
             let message = format!(
                 "at most {MAX_REPORT_ITEMS} items per report, got {}",
-                report.spent.len()
+                spent.len()
             );
             return (invalid("spent", &message), 0);
         }
         // Not behind admission: a report only lowers what is promised, and
         // one held back past the grace would have its tokens promised again
         // while its spending still counts when it lands.
-        let checks: Vec<_> = report
-            .spent
+        let checks: Vec<_> = spent
             .into_iter()
             .map(|mut r| wire::check_from_wire(&mut r, &self.limits))
             .collect();
@@ -183,7 +185,7 @@ impl AllotmentsService {
                 .filter(|c| c.name == name && c.unique_key == key)
                 .fold(0u64, |sum, c| sum.saturating_add(c.request.hits))
         });
-        let ack = self.limiter.client_report(client, report.sequence, checks);
+        let ack = self.limiter.client_report(client, sequence, checks);
         let (ack, errors, reported) = match ack {
             ClientAck::Applied(errors) => (pb::Ack::Applied, errors, reported),
             ClientAck::Duplicate => (pb::Ack::Duplicate, Vec::new(), 0),

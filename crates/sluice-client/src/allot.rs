@@ -260,7 +260,7 @@ impl Drop for Carrying<'_> {
             let mut t = self.allotter.table();
             let unacknowledged = t.in_flight.is_some();
             if unacknowledged {
-                t.resend_at = Some(now.saturating_add(REPORT_EVERY.as_nanos() as u64));
+                t.resend_at = Some(resend_after(now));
             }
             unacknowledged
         };
@@ -681,7 +681,7 @@ impl Allotter {
         let done = self.acknowledged(ack);
         let mut t = self.table();
         if !done {
-            t.resend_at = Some(self.now().saturating_add(REPORT_EVERY.as_nanos() as u64));
+            t.resend_at = Some(resend_after(self.now()));
         }
         done && t.in_flight.is_none() && t.pending.is_empty()
     }
@@ -721,9 +721,9 @@ impl Allotter {
         let now = self.now();
         let t = self.table();
         let at = if t.in_flight.is_some() {
-            // Not yet sent again (a flush cancelled mid-call): soon.
-            t.resend_at
-                .unwrap_or(now.saturating_add(REPORT_EVERY.as_nanos() as u64))
+            // No time set: an ask carrying it is out now, or a flush was
+            // cancelled mid-call — look again a resend's wait from now.
+            t.resend_at.unwrap_or(resend_after(now))
         } else {
             t.due?
         };
@@ -736,6 +736,11 @@ impl Drop for Allotter {
         // The reporter may be asleep with nothing due: it ends now.
         self.wake.notify_one();
     }
+}
+
+/// When a report that was not acknowledged at `now` is sent again.
+fn resend_after(now: u64) -> u64 {
+    now.saturating_add(REPORT_EVERY.as_nanos() as u64)
 }
 
 /// Cut the next report from what is pending (at most [`REPORT_ITEMS`]).
