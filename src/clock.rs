@@ -12,6 +12,16 @@
 //! and never jumps, yet
 //! a node started before NTP synced comes into step instead of staying off
 //! all its life. [`FakeClock`] lets tests drive time by hand.
+//!
+//! **The seam.** Everything a node reads of time outside tokio's timers
+//! comes through a [`Clock`]: epoch time for decisions ([`Clock::now`]),
+//! the boot clock for presence stamps ([`Clock::boot`]) and the system's
+//! wall clock for generations and peer-token stamps ([`Clock::wall`]).
+//! [`SystemClock`] reads the two raw clocks through a [`Ticks`] source:
+//! [`OsTicks`] (the kernel's) in production, a simulated host's in the
+//! deterministic simulator (`crates/sluice-sim`), where the same slewing
+//! code then runs over simulated time. `SystemClock` is generic over the
+//! source, so production's reads are the direct calls they always were.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,15 +46,55 @@ pub fn boot_time() -> u64 {
         .saturating_add(ts.tv_nsec as u64)
 }
 
+/// The system's wall clock: epoch nanoseconds (it may step).
+pub fn wall_time() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
 use crate::algorithm::Nanos;
 
-/// A source of epoch nanoseconds.
+/// The two raw clocks a node reads: the boot clock (monotonic, counting
+/// suspension) and the wall clock (epoch time; NTP may step it).
+pub trait Ticks: Send + Sync + std::fmt::Debug + 'static {
+    /// Nanoseconds since boot, counting time suspended.
+    fn boot(&self) -> u64;
+    /// Epoch nanoseconds by the wall clock.
+    fn wall(&self) -> i64;
+}
+
+/// The kernel's clocks: `CLOCK_BOOTTIME` and `SystemTime`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OsTicks;
+
+impl Ticks for OsTicks {
+    #[inline]
+    fn boot(&self) -> u64 {
+        boot_time()
+    }
+
+    #[inline]
+    fn wall(&self) -> i64 {
+        wall_time()
+    }
+}
+
+/// A source of epoch nanoseconds, and the raw clocks behind it.
 pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
     fn now(&self) -> Nanos;
 
     /// Steer toward the wall clock (see [`SystemClock`]); called about once
     /// a second. Clocks that follow nothing ignore it.
     fn resync(&self) {}
+
+    /// The boot clock (see [`Ticks::boot`]): presence stamps.
+    fn boot(&self) -> u64;
+
+    /// The wall clock as epoch ns (see [`Ticks::wall`]): generations, run
+    /// ids, peer-token stamps — never a decision.
+    fn wall(&self) -> u64;
 }
 
 /// A shared clock handle.
@@ -91,17 +141,11 @@ impl Line {
 /// Epoch time from the boot clock, slewed toward the wall clock (plus a
 /// configured offset: a test aid, to run one node's clock off on purpose).
 #[derive(Debug)]
-pub struct SystemClock {
+pub struct SystemClock<T: Ticks = OsTicks> {
+    ticks: T,
     /// Added to the wall clock when steering (ns; 0 outside tests).
     offset: i64,
     line: ArcSwap<Line>,
-}
-
-fn wall() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }
 
 impl SystemClock {
@@ -111,12 +155,22 @@ impl SystemClock {
 
     /// A clock `offset` ns off the wall clock (negative: behind).
     pub fn with_offset(offset: i64) -> SystemClock {
-        let boot = boot_time();
+        SystemClock::over(OsTicks, offset)
+    }
+}
+
+impl<T: Ticks> SystemClock<T> {
+    /// A clock over the raw clocks `ticks`, `offset` ns off their wall
+    /// clock.
+    pub fn over(ticks: T, offset: i64) -> SystemClock<T> {
+        let boot = ticks.boot();
+        let wall = ticks.wall();
         SystemClock {
+            ticks,
             offset,
             line: ArcSwap::from_pointee(Line {
                 at: boot,
-                correction: wall().saturating_add(offset).saturating_sub(boot as i64),
+                correction: wall.saturating_add(offset).saturating_sub(boot as i64),
                 rate_ppm: 0,
                 until: boot,
                 prev: None,
@@ -150,7 +204,7 @@ impl SystemClock {
         };
         // A pause past the lead (the steering thread descheduled) would let
         // readers past `start` use the old line: start later instead.
-        let start = start.max(boot_time().saturating_add(LEAD / 2));
+        let start = start.max(self.ticks.boot().saturating_add(LEAD / 2));
         let prev = Line {
             at: old.at,
             correction: old.correction,
@@ -174,22 +228,30 @@ impl Default for SystemClock {
     }
 }
 
-impl Clock for SystemClock {
+impl<T: Ticks> Clock for SystemClock<T> {
     fn now(&self) -> Nanos {
-        self.at(boot_time())
+        self.at(self.ticks.boot())
     }
 
     fn resync(&self) {
         // Close the error over the next second (at most MAX_SLEW_PPM of
         // it), from LEAD on.
-        let boot = boot_time();
-        let target = wall().saturating_add(self.offset);
+        let boot = self.ticks.boot();
+        let target = self.ticks.wall().saturating_add(self.offset);
         self.steer(
             boot,
             target,
             1_000_000_000,
-            boot_time().saturating_add(LEAD),
+            self.ticks.boot().saturating_add(LEAD),
         );
+    }
+
+    fn boot(&self) -> u64 {
+        self.ticks.boot()
+    }
+
+    fn wall(&self) -> u64 {
+        self.ticks.wall().max(0) as u64
     }
 }
 
@@ -211,9 +273,20 @@ impl FakeClock {
     }
 }
 
+/// Fake epoch time for decisions; the raw clocks stay the kernel's (a test
+/// that moves decisions a minute on has not stopped its gossip loop for a
+/// minute).
 impl Clock for FakeClock {
     fn now(&self) -> Nanos {
         self.0.load(Ordering::SeqCst)
+    }
+
+    fn boot(&self) -> u64 {
+        boot_time()
+    }
+
+    fn wall(&self) -> u64 {
+        wall_time().max(0) as u64
     }
 }
 
@@ -234,7 +307,7 @@ mod tests {
     #[test]
     fn an_offset_clock_is_that_far_off() {
         let c = SystemClock::with_offset(-500_000_000);
-        let off = wall() - c.now() as i64;
+        let off = wall_time() - c.now() as i64;
         assert!((499_000_000..600_000_000).contains(&off), "{off}");
     }
 

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 /// import each other.
 const LAYERS: &[&[&str]] = &[
     &["algorithm", "verdict"],
-    &["clock", "proto", "tls"],
+    &["clock", "net", "proto", "threads", "tls"],
     &["metrics", "store"],
     &["lease"],
     &["config"],

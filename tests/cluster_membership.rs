@@ -13,9 +13,12 @@ use sluice::cluster::membership::{ClusterView, Lifecycle, Membership, Membership
 
 const WAIT: Duration = Duration::from_secs(20);
 
-fn start(id: &str, generation: u64, seeds: &[String], secret: &[u8]) -> (Membership, String) {
-    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    socket.set_nonblocking(true).unwrap();
+async fn start(id: &str, generation: u64, seeds: &[String], secret: &[u8]) -> (Membership, String) {
+    use sluice::net::Network;
+    let socket = sluice::net::Os
+        .datagrams("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
     let addr = socket.local_addr().unwrap();
     let m = Membership::start(MembershipConfig {
         cluster_id: "test".into(),
@@ -32,7 +35,10 @@ fn start(id: &str, generation: u64, seeds: &[String], secret: &[u8]) -> (Members
         policy_hash: "p".into(),
         faults: Default::default(),
         protocol: sluice::proto::PEER_PROTOCOL_VERSION,
+        clock: Arc::new(sluice::clock::SystemClock::new()),
+        threads: sluice::threads::Threads::Own,
     })
+    .await
     .unwrap();
     (m, addr.to_string())
 }
@@ -54,9 +60,9 @@ async fn until_ring(nodes: &[&Membership], want: &[&str], what: &str) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn join_leave_and_crash() {
-    let (a, seed) = start("a", 1, &[], b"s3cret");
-    let (b, _) = start("b", 1, std::slice::from_ref(&seed), b"s3cret");
-    let (c, _) = start("c", 1, std::slice::from_ref(&seed), b"s3cret");
+    let (a, seed) = start("a", 1, &[], b"s3cret").await;
+    let (b, _) = start("b", 1, std::slice::from_ref(&seed), b"s3cret").await;
+    let (c, _) = start("c", 1, std::slice::from_ref(&seed), b"s3cret").await;
     let all = [&a, &b, &c];
     eventually("three live members", WAIT, || async {
         all.iter().all(|n| n.view().members.len() == 3)
@@ -86,24 +92,24 @@ async fn join_leave_and_crash() {
         "graceful leave took {left:?}"
     );
     assert_eq!(a.view().size, 2, "a leaving node shrinks N at once");
-    c.shutdown();
+    c.shutdown().await;
 
     // Crash: b stops gossiping without a word.
     let started = Instant::now();
-    b.shutdown();
+    b.shutdown().await;
     until_ring(&[&a], &["a"], "b detected dead").await;
     println!("crash: out of the ring after {:?}", started.elapsed());
     // b died without leaving: it still counts in N (a partitioned node must
     // not conclude it is alone); c left, so it does not.
     assert_eq!(a.view().size, 2);
-    a.shutdown();
+    a.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_wrong_secret_never_joins() {
-    let (a, seed) = start("a", 1, &[], b"right");
-    let (intruder, _) = start("x", 1, std::slice::from_ref(&seed), b"wrong");
-    let (b, _) = start("b", 1, std::slice::from_ref(&seed), b"right");
+    let (a, seed) = start("a", 1, &[], b"right").await;
+    let (intruder, _) = start("x", 1, std::slice::from_ref(&seed), b"wrong").await;
+    let (b, _) = start("b", 1, std::slice::from_ref(&seed), b"right").await;
     for n in [&a, &b, &intruder] {
         n.set_state(Lifecycle::Ready).await;
     }
@@ -122,19 +128,19 @@ async fn a_wrong_secret_never_joins() {
         "the intruder sees only itself"
     );
     for n in [a, b, intruder] {
-        n.shutdown();
+        n.shutdown().await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restart_is_not_two_nodes() {
-    let (a, seed) = start("a", 1, &[], b"k");
-    let (b1, _) = start("b", 1, std::slice::from_ref(&seed), b"k");
+    let (a, seed) = start("a", 1, &[], b"k").await;
+    let (b1, _) = start("b", 1, std::slice::from_ref(&seed), b"k").await;
     a.set_state(Lifecycle::Ready).await;
     b1.set_state(Lifecycle::Ready).await;
     until_ring(&[&a], &["a", "b"], "a and b").await;
-    b1.shutdown();
-    let (b2, _) = start("b", 2, std::slice::from_ref(&seed), b"k");
+    b1.shutdown().await;
+    let (b2, _) = start("b", 2, std::slice::from_ref(&seed), b"k").await;
     b2.set_state(Lifecycle::Ready).await;
     eventually("b's new generation in a's ring", WAIT, || async {
         a.view().ring.member("b").is_some_and(|m| m.generation == 2)
@@ -142,6 +148,6 @@ async fn a_restart_is_not_two_nodes() {
     .await;
     let v: Arc<ClusterView> = a.view();
     assert_eq!(v.size, 2, "{v:?}");
-    a.shutdown();
-    b2.shutdown();
+    a.shutdown().await;
+    b2.shutdown().await;
 }

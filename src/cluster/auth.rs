@@ -15,7 +15,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use chitchat::transport::{Socket, Transport};
@@ -25,6 +25,8 @@ use sha2::Sha256;
 
 use super::faults::Faults;
 use super::replay::Replays;
+use crate::clock::{SharedClock, SystemClock};
+use crate::net::{DatagramSocket, Datagrams};
 
 type HmacSha256 = hmac::Hmac<Sha256>;
 
@@ -57,6 +59,8 @@ struct Shared {
     /// A std mutex: held for a map lookup and a few word operations, never
     /// across an await.
     replays: Mutex<Replays>,
+    /// Whose wall clock stamps and checks tokens (and names the run).
+    clock: SharedClock,
 }
 
 impl std::fmt::Debug for Secret {
@@ -76,17 +80,23 @@ impl Secret {
 
     /// A secret whose peer tokens are valid `window` either side of now.
     pub fn with_window(secret: Option<&[u8]>, window: Duration) -> Secret {
-        let run = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
+        Secret::with_clock(secret, window, Arc::new(SystemClock::new()))
+    }
+
+    /// [`Secret::with_window`], on `clock`'s wall clock (a node's own).
+    pub fn with_clock(secret: Option<&[u8]>, window: Duration, clock: SharedClock) -> Secret {
         Secret(Arc::new(Shared {
             key: secret.filter(|s| !s.is_empty()).map(<[u8]>::to_vec),
-            run,
+            run: clock.wall(),
             seq: AtomicU64::new(0),
             window,
             replays: Mutex::new(Replays::new(MAX_SENDERS, window.as_millis() as u64)),
+            clock,
         }))
+    }
+
+    fn unix_ms(&self) -> u64 {
+        self.0.clock.wall() / 1_000_000
     }
 
     pub fn is_set(&self) -> bool {
@@ -135,7 +145,7 @@ impl Secret {
     /// `sender:run:seq:ms:mac`. Each token is accepted once.
     pub fn peer_token(&self, sender: &str) -> Option<String> {
         let seq = self.0.seq.fetch_add(1, Ordering::Relaxed);
-        self.token_at(sender, self.0.run, seq, unix_ms())
+        self.token_at(sender, self.0.run, seq, self.unix_ms())
     }
 
     fn token_at(&self, sender: &str, run: u64, seq: u64, ms: u64) -> Option<String> {
@@ -168,7 +178,7 @@ impl Secret {
         if !self.verify(&[&token_message(sender, run, seq, ms)], &tag) {
             return Err("invalid peer token");
         }
-        let now = unix_ms();
+        let now = self.unix_ms();
         if now.abs_diff(ms) > self.0.window.as_millis() as u64 {
             return Err("expired peer token");
         }
@@ -195,13 +205,6 @@ fn token_message(sender: &str, run: u64, seq: u64, ms: u64) -> Vec<u8> {
     m
 }
 
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -216,19 +219,18 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-/// chitchat's UDP transport with MACed datagrams, over a socket bound in
+/// chitchat's UDP transport with MACed datagrams, over a port bound in
 /// advance (so a node started on port 0 knows its gossip port before it
 /// builds its chitchat id). Each `open` hands chitchat its own handle to the
-/// one socket, so gossip can restart (a rejoin) on the same port.
+/// one port, so gossip can restart (a rejoin) on the same port.
 pub struct AuthTransport {
-    socket: std::net::UdpSocket,
+    socket: Arc<dyn Datagrams>,
     secret: Secret,
     faults: Arc<Faults>,
 }
 
 impl AuthTransport {
-    /// `socket` must be non-blocking.
-    pub fn new(socket: std::net::UdpSocket, secret: Secret, faults: Arc<Faults>) -> AuthTransport {
+    pub fn new(socket: Arc<dyn Datagrams>, secret: Secret, faults: Arc<Faults>) -> AuthTransport {
         AuthTransport {
             socket,
             secret,
@@ -240,10 +242,8 @@ impl AuthTransport {
 #[async_trait]
 impl Transport for AuthTransport {
     async fn open(&self, _listen_addr: SocketAddr) -> anyhow::Result<Box<dyn Socket>> {
-        let socket = self.socket.try_clone()?;
-        socket.set_nonblocking(true)?;
         Ok(Box::new(AuthSocket {
-            socket: tokio::net::UdpSocket::from_std(socket)?,
+            socket: self.socket.open()?,
             secret: self.secret.clone(),
             faults: self.faults.clone(),
             buf: vec![0; MAX_DATAGRAM],
@@ -252,7 +252,7 @@ impl Transport for AuthTransport {
 }
 
 struct AuthSocket {
-    socket: tokio::net::UdpSocket,
+    socket: Box<dyn DatagramSocket>,
     secret: Secret,
     faults: Arc<Faults>,
     buf: Vec<u8>,

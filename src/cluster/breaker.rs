@@ -8,7 +8,9 @@
 //! transitive, gRPC reachability is not.
 
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// Whether a call may go out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

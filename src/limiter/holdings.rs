@@ -227,7 +227,7 @@ impl Limiter {
         let rereplicated = sorted.requeue.len() as u64;
         self.shared
             .store
-            .requeue(sorted.requeue, std::time::Instant::now());
+            .requeue(sorted.requeue, tokio::time::Instant::now());
         self.shared
             .metrics
             .cluster

@@ -11,7 +11,9 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::Limiter;
 use crate::cluster::peers::{Outgoing, SyncKind, codec as wire};

@@ -18,7 +18,6 @@ use std::sync::Arc;
 
 use super::{Check, ItemError, Limiter, Resolved, Topology, Verdict, YIELD_EVERY};
 use crate::cluster::membership::Lifecycle;
-use crate::cluster::membership::presence::boot_time;
 use crate::store::{Fence, key};
 
 /// Routings of one item before it falls back (views changing under it).
@@ -103,7 +102,7 @@ impl Limiter {
 
     /// Whether this node may own keys right now.
     pub(super) fn may_own(&self) -> bool {
-        self.shared.presence.may_own(boot_time())
+        self.shared.presence.may_own(self.shared.presence.boot())
     }
 
     /// After a decision was refused as stale: wait (until `deadline`) for

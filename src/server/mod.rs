@@ -13,9 +13,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -25,6 +24,9 @@ mod shutdown;
 mod tasks;
 mod uds;
 mod watch;
+mod world;
+
+pub use world::World;
 
 use crate::clock::SharedClock;
 use crate::cluster::auth::Secret;
@@ -117,8 +119,30 @@ impl Node {
         clock: SharedClock,
         stop: CancellationToken,
     ) -> Result<Node, StartError> {
+        Node::start_in(World::os(clock), config, policies, sources, stop).await
+    }
+
+    /// [`Node::start_until`] in `world`: its clock, network and threads
+    /// (production's are [`World::os`]).
+    pub async fn start_in(
+        world: World,
+        config: Config,
+        policies: Policies,
+        sources: Option<Sources>,
+        stop: CancellationToken,
+    ) -> Result<Node, StartError> {
+        let World {
+            clock,
+            net,
+            threads,
+            hash_seed,
+        } = world;
         let cluster = &config.cluster;
-        let secret = Secret::with_window(cluster.secret_bytes()?.as_deref(), cluster.token_window);
+        let secret = Secret::with_clock(
+            cluster.secret_bytes()?.as_deref(),
+            cluster.token_window,
+            clock.clone(),
+        );
         if !secret.is_set() {
             tracing::warn!(
                 "no cluster secret: gossip and peer calls are not authenticated (set cluster.secret_file)"
@@ -130,10 +154,11 @@ impl Node {
         // it holds as owner or replica.
         let max_memory = usize::try_from(config.limits.max_memory_bytes()).unwrap_or(usize::MAX);
         let lease_memory = max_memory / 8;
-        let store = Arc::new(Store::bounded(
-            config.limits.max_keys,
-            max_memory - lease_memory,
-        ));
+        let mut store = Store::bounded(config.limits.max_keys, max_memory - lease_memory);
+        if let Some(seed) = hash_seed {
+            store = store.hash_seeded(seed);
+        }
+        let store = Arc::new(store);
         let metrics = Arc::new(Metrics::new(
             Box::new(crate::store::StoreCollector(store.clone())),
             config.limits.max_metric_names,
@@ -160,6 +185,7 @@ impl Node {
                     max_log_entries: config.limits.max_log_entries,
                 },
                 clock: clock.clone(),
+                connector: net.connector(),
             },
             metrics.cluster.clone(),
             faults.clone(),
@@ -169,13 +195,16 @@ impl Node {
         let shutdown = CancellationToken::new();
         let mut tasks = JoinSet::new();
 
-        let grpc = TcpListener::bind(config.grpc_addr)
+        let grpc = net
+            .listen(config.grpc_addr)
             .await
             .map_err(bind_error("gRPC", config.grpc_addr))?;
-        let http = TcpListener::bind(config.http_addr)
+        let http = net
+            .listen(config.http_addr)
             .await
             .map_err(bind_error("HTTP admin", config.http_addr))?;
-        let admin_listener = TcpListener::bind(config.admin.addr)
+        let admin_listener = net
+            .listen(config.admin.addr)
             .await
             .map_err(bind_error("admin gRPC", config.admin.addr))?;
         let admin_addr = admin_listener
@@ -204,14 +233,15 @@ impl Node {
         };
         let peer_listener = match cluster.peer_addr {
             Some(addr) => Some(
-                TcpListener::bind(addr)
+                net.listen(addr)
                     .await
                     .map_err(bind_error("peer gRPC", addr))?,
             ),
             None => None,
         };
-        let gossip = std::net::UdpSocket::bind(cluster.gossip_addr)
-            .and_then(|s| s.set_nonblocking(true).map(|()| s))
+        let gossip = net
+            .datagrams(cluster.gossip_addr)
+            .await
             .map_err(bind_error("gossip", cluster.gossip_addr))?;
         let grpc_addr = grpc
             .local_addr()
@@ -240,7 +270,9 @@ impl Node {
         let membership = Membership::start(MembershipConfig {
             cluster_id: cluster.cluster_id.clone(),
             node_id: config.node_id.clone(),
-            generation: cluster.generation.unwrap_or_else(boot_millis),
+            generation: cluster
+                .generation
+                .unwrap_or_else(|| clock.wall() / 1_000_000),
             gossip_socket: gossip,
             gossip_advertise,
             seeds: cluster.seeds.clone(),
@@ -252,8 +284,11 @@ impl Node {
             policy_hash,
             faults: faults.clone(),
             protocol: crate::proto::PEER_PROTOCOL_VERSION,
-        })?;
-        let leases = Leases::new(cluster.lease_max_keys, lease_memory, boot_nanos());
+            clock: clock.clone(),
+            threads,
+        })
+        .await?;
+        let leases = Leases::new(cluster.lease_max_keys, lease_memory, clock.wall());
         let limiter = Limiter::new(Parts {
             node_id: config.node_id.clone(),
             store,
@@ -345,7 +380,7 @@ impl Node {
         }
         let readiness = Readiness::new(limiter.clone()).await;
         // One budget of checks in progress for every front end.
-        let admission = Admission::new(&config.limits, limiter.metrics().clone());
+        let admission = Admission::new(&config.limits, limiter.metrics().clone()).on(threads);
         let services = Services::new(
             &config,
             limiter.clone(),
@@ -464,12 +499,10 @@ impl Node {
                 // and no call queued behind it — waits for it.
                 let sweeper = sweeper.clone();
                 async move {
-                    match tokio::task::spawn_blocking(move || sweeper.sweep()).await {
-                        Ok(removed) if removed > 0 => {
-                            tracing::debug!(removed, "swept idle keys")
-                        }
-                        Ok(_) => {}
-                        Err(e) => tracing::error!(error = %e, "the sweep failed"),
+                    if let Some(removed) = threads.blocking(move || sweeper.sweep()).await
+                        && removed > 0
+                    {
+                        tracing::debug!(removed, "swept idle keys")
                     }
                 }
             },
@@ -540,6 +573,9 @@ fn advertise_host(configured: Option<&str>, listen: IpAddr) -> String {
 }
 
 async fn resolve(host: &str, port: u16) -> Result<SocketAddr, StartError> {
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
     let error = |reason: String| StartError::Advertise {
         host: host.to_string(),
         reason,
@@ -549,17 +585,6 @@ async fn resolve(host: &str, port: u16) -> Result<SocketAddr, StartError> {
         .map_err(|e| error(e.to_string()))?
         .next()
         .ok_or_else(|| error("resolves to no address".into()))
-}
-
-fn boot_nanos() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-}
-
-fn boot_millis() -> u64 {
-    boot_nanos() / 1_000_000
 }
 
 fn tls_error(e: TlsError) -> StartError {

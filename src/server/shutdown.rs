@@ -54,9 +54,7 @@ impl Node {
     /// from their failure detectors).
     pub async fn kill(self) {
         self.readiness.set_serving(false).await;
-        let membership = self.membership.clone();
-        // Joining the gossip thread blocks: do it off the runtime's workers.
-        let _ = tokio::task::spawn_blocking(move || membership.shutdown()).await;
+        self.membership.shutdown().await;
         self.stop().await;
     }
 
@@ -75,9 +73,7 @@ impl Node {
             self.tasks.abort_all();
             while self.tasks.join_next().await.is_some() {}
         }
-        let membership = self.membership.clone();
-        // Joining the gossip thread blocks: do it off the runtime's workers.
-        let _ = tokio::task::spawn_blocking(move || membership.shutdown()).await;
+        self.membership.shutdown().await;
     }
 }
 

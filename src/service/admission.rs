@@ -18,6 +18,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::Limits;
 use crate::metrics::Metrics;
+use crate::threads::Threads;
 
 /// The node's admission bounds, shared by every front end (clone it).
 #[derive(Clone)]
@@ -30,6 +31,9 @@ pub struct Admission {
     /// refused too.
     bulk: Arc<Semaphore>,
     max_bulk: usize,
+    /// Where the bulk lane's jobs run: its own threads, or inline (the
+    /// simulator; see `crate::threads`).
+    lane: Threads,
     max_batch: usize,
     metrics: Arc<Metrics>,
 }
@@ -77,9 +81,21 @@ impl Admission {
             max_in_flight,
             bulk: Arc::new(Semaphore::new(max_bulk)),
             max_bulk,
+            lane: Threads::Own,
             max_batch: limits.max_batch,
             metrics,
         }
+    }
+
+    /// These bounds, with the bulk lane's jobs run where `threads` says.
+    pub fn on(mut self, threads: Threads) -> Admission {
+        self.lane = threads;
+        self
+    }
+
+    /// Where the bulk lane's jobs run.
+    pub fn lane(&self) -> Threads {
+        self.lane
     }
 
     /// Refuse a call of more than `max_batch` items in `field`, counted as

@@ -46,6 +46,8 @@ use std::task::{Context, Poll};
 
 use futures::executor::ThreadPool;
 
+use crate::threads::Threads;
+
 /// Jobs the lane holds at once, per node: eight per pool thread on a
 /// two-core machine. Enough to keep the threads busy while batches wait on
 /// peers; few enough that a starved lane holds a small share of a node's
@@ -64,12 +66,17 @@ const NICE: libc::c_int = 10;
 /// away. A caller gone before
 /// its job's first poll cancels it (nobody would see the answer); once
 /// started, a job runs to its end whether or not the caller waits.
-pub async fn run<F, T>(work: F) -> Option<T>
+pub async fn run<F, T>(threads: Threads, work: F) -> Option<T>
 where
     F: Future<Output = T> + Send + 'static,
     T: Send + 'static,
 {
-    let Some(pool) = pool() else {
+    // Inline (the simulator): the same work, on the caller's runtime.
+    let pool = match threads {
+        Threads::Own => pool(),
+        Threads::Inline => None,
+    };
+    let Some(pool) = pool else {
         return Some(work.await);
     };
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -157,7 +164,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_job_runs_on_a_lower_priority_thread_of_the_callers_runtime() {
-        let (name, policy, nice, in_runtime) = run(async { where_am_i() }).await.unwrap();
+        let (name, policy, nice, in_runtime) =
+            run(Threads::Own, async { where_am_i() }).await.unwrap();
         assert!(name.unwrap().starts_with("sluice-bulk-"));
         assert!(
             policy == libc::SCHED_IDLE || nice >= NICE,
@@ -177,7 +185,7 @@ mod tests {
         let jobs: Vec<_> = (0..threads * 2)
             .map(|i| {
                 let started = started.clone();
-                tokio::spawn(run(async move {
+                tokio::spawn(run(Threads::Own, async move {
                     started.wait().await;
                     tokio::time::sleep(Duration::from_millis(1)).await;
                     i
@@ -196,8 +204,11 @@ mod tests {
     async fn a_job_that_panics_answers_none_and_the_lane_goes_on() {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         for _ in 0..threads + 1 {
-            assert_eq!(run(async { panic!("a bad job") }).await, None::<()>);
+            assert_eq!(
+                run(Threads::Own, async { panic!("a bad job") }).await,
+                None::<()>
+            );
         }
-        assert_eq!(run(async { 7 }).await, Some(7));
+        assert_eq!(run(Threads::Own, async { 7 }).await, Some(7));
     }
 }

@@ -16,7 +16,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
@@ -26,6 +25,7 @@ use tonic::transport::server::Connected;
 use super::coalesce::Coalescing;
 use super::idle::{Activity, ConnInfo, HttpConn, Idle};
 use crate::metrics::Resources;
+use crate::net::{Conn, TcpListening};
 use crate::tls::Reloading;
 
 /// A handshake that has not finished by then is dropped.
@@ -120,13 +120,10 @@ pub trait Accept: Send + 'static {
     fn accept_one(&self) -> impl std::future::Future<Output = io::Result<Self::Stream>> + Send;
 }
 
-impl Accept for TcpListener {
-    type Stream = TcpStream;
-    async fn accept_one(&self) -> io::Result<TcpStream> {
-        let (tcp, _) = self.accept().await?;
-        // Nagle and delayed ACKs would hold small answers back.
-        let _ = tcp.set_nodelay(true);
-        Ok(tcp)
+impl Accept for TcpListening {
+    type Stream = Conn;
+    async fn accept_one(&self) -> io::Result<Conn> {
+        self.accept().await
     }
 }
 
@@ -138,7 +135,7 @@ impl Accept for tokio::net::UnixListener {
 }
 
 /// One listener's settings.
-pub struct Listener<L = TcpListener> {
+pub struct Listener<L = TcpListening> {
     /// `grpc`, `grpc_uds`, `peer`, `admin` or `http`: the metrics label.
     pub name: &'static str,
     pub listener: L,
@@ -222,7 +219,7 @@ impl Listener {
         self,
         tls: Arc<Reloading>,
         token: CancellationToken,
-    ) -> Incoming<tokio_rustls::server::TlsStream<TcpStream>> {
+    ) -> Incoming<tokio_rustls::server::TlsStream<Conn>> {
         let name = self.name;
         self.accept(token, move |tcp| {
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
@@ -248,7 +245,7 @@ impl Listener {
 /// anyone who reaches the port, so an idle or a flood of connections must
 /// not hold it).
 pub struct HttpListener {
-    incoming: Incoming<TcpStream>,
+    incoming: Incoming<Conn>,
     local: std::net::SocketAddr,
 }
 
@@ -263,7 +260,7 @@ impl HttpListener {
 }
 
 impl axum::serve::Listener for HttpListener {
-    type Io = Limited<TcpStream>;
+    type Io = Limited<Conn>;
     type Addr = std::net::SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {

@@ -1,7 +1,7 @@
 //! `sluice.v1.RateLimiter`: the public API. Converts, calls the limiter,
 //! converts back — no business rules here.
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 use tonic::{Request, Response, Status};
 
@@ -11,6 +11,7 @@ use crate::config::Limits;
 use crate::limiter::{Check, ItemError, Limiter, Verdict};
 use crate::proto::v1 as pb;
 use crate::proto::v1::rate_limiter_server::RateLimiter;
+use crate::threads::Threads;
 
 /// Items from which a call is decided on the bulk lane rather than on a
 /// runtime worker: eight of the limiter's `YIELD_EVERY` slices. A smaller call
@@ -70,7 +71,17 @@ impl RateLimiter for RateLimiterService {
             .map(|r| wire::check_from_wire(r, &self.limits))
             .collect();
         let verdicts = match lane {
-            Some(places) => decide_in_bulk(&self.limiter, checks, budget, started, places).await?,
+            Some(places) => {
+                decide_in_bulk(
+                    &self.limiter,
+                    self.admission.lane(),
+                    checks,
+                    budget,
+                    started,
+                    places,
+                )
+                .await?
+            }
             None => self.limiter.check_batch_within(checks, budget).await,
         };
         let now = self.limiter.now();
@@ -122,6 +133,7 @@ fn overloaded(requests: Vec<pb::RateLimitRequest>) -> Response<pb::CheckResponse
 /// timeout gets the limiter's default).
 async fn decide_in_bulk(
     limiter: &Limiter,
+    threads: Threads,
     checks: Vec<Result<Check, ItemError>>,
     budget: Option<std::time::Duration>,
     arrived: Instant,
@@ -131,7 +143,7 @@ async fn decide_in_bulk(
     ),
 ) -> Result<Vec<Result<Verdict, ItemError>>, Status> {
     let limiter = limiter.clone();
-    super::bulk::run(async move {
+    super::bulk::run(threads, async move {
         let _places = places;
         let budget = budget.map(|b| b.saturating_sub(arrived.elapsed()));
         limiter.check_batch_within(checks, budget).await

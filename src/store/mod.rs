@@ -43,8 +43,9 @@ use crate::algorithm::{Cost, Decision, Nanos, Spec};
 /// The table's and the rankings' hasher: keys come from clients, so it is
 /// seeded randomly per process (flooding one bucket needs the seed);
 /// foldhash is several times faster than std's SipHash on the 30–100-byte
-/// keys Sluice sees.
-type Hasher = foldhash::fast::RandomState;
+/// keys Sluice sees. Seedable, so a simulation can fix the seed
+/// ([`Store::hash_seeded`]) and replay the table's iteration order.
+type Hasher = foldhash::fast::SeedableRandomState;
 
 #[derive(Debug)]
 pub struct Store {
@@ -108,6 +109,19 @@ impl Store {
             typical_victim: AtomicU64::new(0),
             top: top::TopKeys::new(top::DEFAULT_K),
         }
+    }
+
+    /// This (empty) store's table hashed from `seed`, not a random seed:
+    /// the deterministic simulator replays the same iteration orders
+    /// (sweeps, transfers, replication rounds). Production keeps the
+    /// random seed.
+    pub fn hash_seeded(mut self, seed: u64) -> Store {
+        debug_assert!(self.is_empty(), "reseeding a store that holds keys");
+        self.map.reseed(Hasher::with_seed(
+            seed,
+            foldhash::SharedSeed::global_fixed(),
+        ));
+        self
     }
 
     /// This store keeps no top-key rankings (nobody asks it for its top

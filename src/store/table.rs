@@ -207,6 +207,12 @@ impl Table {
         }
     }
 
+    /// Hash with `hasher` from now on. Only for an empty table: a key
+    /// already in it would hash elsewhere.
+    pub fn reseed(&mut self, hasher: Hasher) {
+        self.hasher = hasher;
+    }
+
     #[inline]
     fn locate(&self, key: &[u8]) -> (u64, usize) {
         let hash = self.hasher.hash_one(key);

@@ -25,7 +25,7 @@ use chitchat::{ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::presence::{Presence, boot_time};
+use super::presence::Presence;
 use super::view::{Burials, ClusterView, DEAD, Reading, STATE, SUSPECTS, encode_tombstones};
 use super::{Lifecycle, Slot, join_wait};
 use crate::cluster::auth::AuthTransport;
@@ -40,6 +40,8 @@ pub(super) struct Settings {
     pub gossip_interval: Duration,
     pub phi_threshold: f64,
     pub dead_grace: Duration,
+    /// The node's clock: a rejoin's generation comes from its wall clock.
+    pub clock: crate::clock::SharedClock,
 }
 
 impl Settings {
@@ -126,7 +128,7 @@ impl Gossip {
     pub async fn run(
         mut self,
         generation: u64,
-        ready: std::sync::mpsc::Sender<Result<(), String>>,
+        ready: tokio::sync::oneshot::Sender<Result<(), String>>,
     ) {
         let mut handle = match self.spawn(generation, &[]).await {
             Ok(h) => h,
@@ -156,7 +158,7 @@ impl Gossip {
                 (cc.live_nodes_watcher(), changes)
             };
             let (rejoin, was) = loop {
-                let (gap, was) = self.presence.round(boot_time());
+                let (gap, was) = self.presence.round(self.presence.boot());
                 if gap >= self.presence.away_after() {
                     break (format!("away for {:?}", Duration::from_nanos(gap)), was);
                 }
@@ -237,7 +239,7 @@ impl Gossip {
             .map(|m| m.gossip_addr.to_string())
             .collect();
         let _ = handle.shutdown().await;
-        let generation = (boot_millis()).max(old + 1);
+        let generation = (self.settings.clock.wall() / 1_000_000).max(old + 1);
         tracing::warn!(
             why,
             old_generation = old,
@@ -256,7 +258,7 @@ impl Gossip {
         let mut alone = ClusterView::alone(&self_id, generation);
         alone.size = size;
         let _ = self.view_tx.send(Arc::new(alone));
-        self.presence.round(boot_time());
+        self.presence.round(self.presence.boot());
         loop {
             match self.spawn(generation, &known).await {
                 Ok(h) => {
@@ -307,11 +309,4 @@ async fn turn_ready_again(
         c.self_node_state().set(STATE, Lifecycle::Ready.name());
         tracing::info!("rejoined: ready");
     }
-}
-
-pub(super) fn boot_millis() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }

@@ -70,8 +70,8 @@ pub struct MembershipConfig {
     pub cluster_id: String,
     pub node_id: String,
     pub generation: u64,
-    /// Bound in advance (non-blocking), so port 0 works.
-    pub gossip_socket: std::net::UdpSocket,
+    /// Bound in advance, so port 0 works.
+    pub gossip_socket: Arc<dyn crate::net::Datagrams>,
     /// The address peers gossip to.
     pub gossip_advertise: SocketAddr,
     /// host:port, DNS names allowed (resolved again periodically).
@@ -87,6 +87,10 @@ pub struct MembershipConfig {
     pub protocol: u32,
     /// Test hook: gossip links to behave as cut.
     pub faults: Arc<super::faults::Faults>,
+    /// The node's clock (presence stamps, a rejoin's generation).
+    pub clock: crate::clock::SharedClock,
+    /// Gossip on a thread of its own, or on the caller's runtime.
+    pub threads: crate::threads::Threads,
 }
 
 /// How long a node may go without a gossip round before it counts as away:
@@ -134,9 +138,15 @@ struct Inner {
     gossip_interval: Duration,
     has_seeds: bool,
     stop: CancellationToken,
-    /// The gossip thread, joined on shutdown. A std Mutex: only touched
-    /// there, never across an await.
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The gossip thread (or task), joined on shutdown. A std Mutex: only
+    /// touched there, never across an await.
+    thread: Mutex<Option<Running>>,
+}
+
+/// Where gossip runs (see [`crate::threads`]).
+enum Running {
+    Thread(std::thread::JoinHandle<()>),
+    Task(tokio::task::JoinHandle<()>),
 }
 
 /// Membership could not start.
@@ -146,7 +156,7 @@ pub struct MembershipError(String);
 
 impl Membership {
     /// Join the cluster (or form a one-node cluster with no seeds), as `joining`.
-    pub fn start(cfg: MembershipConfig) -> Result<Membership, MembershipError> {
+    pub async fn start(cfg: MembershipConfig) -> Result<Membership, MembershipError> {
         let listen = cfg
             .gossip_socket
             .local_addr()
@@ -166,13 +176,17 @@ impl Membership {
             values,
         }));
         let away = away_after(cfg.gossip_interval, cfg.phi_threshold);
-        let presence = Arc::new(Presence::new(away.as_nanos() as u64, cfg.generation));
+        let presence = Arc::new(Presence::new(
+            away.as_nanos() as u64,
+            cfg.generation,
+            cfg.clock.clone(),
+        ));
         let transport = AuthTransport::new(cfg.gossip_socket, cfg.secret, cfg.faults.clone());
         let (view_tx, view_rx) =
             watch::channel(Arc::new(ClusterView::alone(&cfg.node_id, cfg.generation)));
         let (joined_tx, joined_rx) = watch::channel(false);
         let stop = CancellationToken::new();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let (push_tx, push_rx) = tokio::sync::mpsc::channel(64);
         // How often gossip's state is read into a view when nothing wakes
         // the reading sooner. A peer's new state (ready, leaving) wakes it
@@ -195,6 +209,7 @@ impl Membership {
                 gossip_interval: cfg.gossip_interval,
                 phi_threshold: cfg.phi_threshold,
                 dead_grace: cfg.dead_grace,
+                clock: cfg.clock.clone(),
             },
             transport,
             slot: slot.clone(),
@@ -207,24 +222,31 @@ impl Membership {
             size_floor: None,
         };
         let generation = cfg.generation;
-        let thread = std::thread::Builder::new()
-            .name("sluice-gossip".into())
-            .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e.to_string()));
-                        return;
-                    }
-                };
-                rt.block_on(work.run(generation, ready_tx));
-            })
-            .map_err(|e| MembershipError(e.to_string()))?;
+        let running = match cfg.threads {
+            crate::threads::Threads::Own => Running::Thread(
+                std::thread::Builder::new()
+                    .name("sluice-gossip".into())
+                    .spawn(move || {
+                        let rt = match tokio::runtime::Builder::new_current_thread()
+                            .enable_all()
+                            .build()
+                        {
+                            Ok(rt) => rt,
+                            Err(e) => {
+                                let _ = ready_tx.send(Err(e.to_string()));
+                                return;
+                            }
+                        };
+                        rt.block_on(work.run(generation, ready_tx));
+                    })
+                    .map_err(|e| MembershipError(e.to_string()))?,
+            ),
+            crate::threads::Threads::Inline => {
+                Running::Task(tokio::spawn(work.run(generation, ready_tx)))
+            }
+        };
         ready_rx
-            .recv()
+            .await
             .map_err(|_| MembershipError("the gossip thread stopped".into()))?
             .map_err(MembershipError)?;
         Ok(Membership {
@@ -238,7 +260,7 @@ impl Membership {
                 gossip_interval: cfg.gossip_interval,
                 has_seeds: !cfg.seeds.is_empty(),
                 stop,
-                thread: Mutex::new(Some(thread)),
+                thread: Mutex::new(Some(running)),
             }),
         })
     }
@@ -332,13 +354,19 @@ impl Membership {
     }
 
     /// Stop gossiping (peers then see this node die unless it announced
-    /// `leaving` first) and join the gossip thread. Blocks: call it off the
-    /// runtime's workers.
-    pub fn shutdown(&self) {
+    /// `leaving` first) and wait for the gossip thread (or task) to end.
+    pub async fn shutdown(&self) {
         self.inner.stop.cancel();
-        let thread = self.inner.thread.lock().ok().and_then(|mut t| t.take());
-        if let Some(t) = thread {
-            let _ = t.join();
+        let running = self.inner.thread.lock().ok().and_then(|mut t| t.take());
+        match running {
+            // Joining a thread blocks: off the runtime's workers.
+            Some(Running::Thread(t)) => {
+                let _ = tokio::task::spawn_blocking(move || t.join()).await;
+            }
+            Some(Running::Task(t)) => {
+                let _ = t.await;
+            }
+            None => {}
         }
     }
 }

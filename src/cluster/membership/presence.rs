@@ -17,8 +17,7 @@
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use super::Lifecycle;
-
-pub use crate::clock::boot_time;
+use crate::clock::SharedClock;
 
 /// This node's presence: its lifecycle state and its gossip loop's last
 /// stamp. Shared by the gossip thread (which writes it) and the limiter and
@@ -26,22 +25,31 @@ pub use crate::clock::boot_time;
 #[derive(Debug)]
 pub struct Presence {
     state: AtomicU8,
-    /// `boot_time()` at the gossip loop's last round.
+    /// The boot clock ([`crate::clock::Clock::boot`]) at the gossip loop's
+    /// last round.
     stamp: AtomicU64,
     /// A stamp older than this (ns) means the node may have been away.
     away_after: u64,
     /// This run's gossip generation (a rejoin is a new one).
     generation: AtomicU64,
+    /// The node's clock: its boot clock stamps the rounds.
+    clock: SharedClock,
 }
 
 impl Presence {
-    pub fn new(away_after: u64, generation: u64) -> Presence {
+    pub fn new(away_after: u64, generation: u64, clock: SharedClock) -> Presence {
         Presence {
             state: AtomicU8::new(Lifecycle::Joining as u8),
-            stamp: AtomicU64::new(boot_time()),
+            stamp: AtomicU64::new(clock.boot()),
             away_after,
             generation: AtomicU64::new(generation),
+            clock,
         }
+    }
+
+    /// The boot clock now: what rounds are stamped with.
+    pub fn boot(&self) -> u64 {
+        self.clock.boot()
     }
 
     pub fn lifecycle(&self) -> Lifecycle {
@@ -73,7 +81,7 @@ impl Presence {
         self.generation.store(generation, Ordering::SeqCst);
     }
 
-    /// The gossip loop runs at `now` (a `boot_time()`). If its previous
+    /// The gossip loop runs at `now` (a [`Presence::boot`] reading). If its previous
     /// round is older than `away_after`, this node may have been away: a
     /// ready node turns `joining` *before* the fresh stamp is written (a
     /// request reads the stamp first, then the state: it never sees a fresh
@@ -105,13 +113,14 @@ impl Presence {
 
     /// [`Presence::may_own`] now: what readiness probes report.
     pub fn is_ready(&self) -> bool {
-        self.may_own(boot_time())
+        self.may_own(self.boot())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::{SystemClock, boot_time};
 
     #[test]
     fn boot_time_moves_forward() {
@@ -122,12 +131,12 @@ mod tests {
 
     #[test]
     fn a_stale_stamp_means_away() {
-        let p = Presence::new(1_000, 7);
-        assert!(!p.may_own(boot_time()), "joining owns nothing");
+        let p = Presence::new(1_000, 7, std::sync::Arc::new(SystemClock::new()));
+        assert!(!p.may_own(p.boot()), "joining owns nothing");
         // Stamped while still joining (no transition), then ready: the
         // real time since `new` never enters the figures (on a loaded
         // machine it can exceed the 1 µs `away_after` of this test).
-        let now = boot_time();
+        let now = p.boot();
         assert_eq!(p.round(now).1, Lifecycle::Joining);
         p.set_lifecycle(Lifecycle::Ready);
         assert!(p.may_own(now + 999));

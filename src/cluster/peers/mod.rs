@@ -9,7 +9,9 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -60,6 +62,9 @@ pub struct ForwardSettings {
     pub bounds: Bounds,
     /// This node's clock, to read each peer's offset from its answers.
     pub clock: SharedClock,
+    /// How channels reach peers: `None` is tonic's own TCP (see
+    /// [`crate::net`]).
+    pub connector: Option<crate::net::Connector>,
 }
 
 type Reply = oneshot::Sender<Result<pb::ForwardResult, ForwardError>>;
@@ -216,7 +221,10 @@ impl Peers {
         if let Some(tls) = &settings.tls {
             endpoint = endpoint.tls_config(tls.clone())?;
         }
-        let channel = endpoint.connect_lazy();
+        let channel = match &settings.connector {
+            None => endpoint.connect_lazy(),
+            Some(c) => endpoint.connect_with_connector_lazy(c.clone()),
+        };
         let client = PeerClient::new(channel);
         let (queue, rx) = mpsc::channel(settings.queue.max(1));
         let stop = CancellationToken::new();
