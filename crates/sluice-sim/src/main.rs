@@ -1,0 +1,335 @@
+//! `sluice-sim`: run the cluster under the deterministic simulator.
+//!
+//! ```text
+//! sluice-sim run --seed 7                 # one run, in this process; exit 1 if it fails
+//! sluice-sim run --schedule s.json        # replay a kept schedule
+//! sluice-sim seeds --from 0 --count 1000  # many seeds, a process each, two at a time
+//! sluice-sim shrink --seed 7 --out s.json # cut a failing run down to the faults that matter
+//! ```
+//!
+//! **Randomness.** This binary defines `getrandom` and exports it (see
+//! `build.rs`): std's hash-map keys, tokio's scheduler seeds and
+//! chitchat's RNG (through `rand` and the `getrandom` crate) all look the
+//! symbol up at run time and find this one first, which draws from the
+//! run's seed. Together with one process per run (tokio numbers its
+//! runtimes in a process-wide counter), a run is a function of its
+//! schedule alone — nothing of chitchat is vendored or patched.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use clap::{Parser, Subcommand};
+use sluice_sim::Report;
+use sluice_sim::schedule::{Mix, Schedule};
+
+/// The process's random stream (splitmix64), seeded from the run's seed
+/// before the run starts.
+static STREAM: AtomicU64 = AtomicU64::new(0x9e37_79b9_7f4a_7c15);
+
+fn splitmix(state: u64) -> u64 {
+    let mut z = state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// `getrandom(2)` for this process: bytes from the seeded stream.
+///
+/// # Safety
+/// `buf` must be valid for `len` bytes of writes, as for the libc call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn getrandom(buf: *mut u8, len: usize, _flags: u32) -> isize {
+    if buf.is_null() && len > 0 {
+        return -1;
+    }
+    let mut written = 0;
+    while written < len {
+        let word = splitmix(STREAM.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed));
+        let bytes = word.to_le_bytes();
+        let n = (len - written).min(8);
+        // SAFETY: the caller gives `len` writable bytes at `buf`.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf.add(written), n) };
+        written += n;
+    }
+    len as isize
+}
+
+#[derive(Parser)]
+#[command(
+    name = "sluice-sim",
+    about = "Sluice's cluster under a deterministic simulator"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// One run in this process: prints its report (JSON) and, if it
+    /// failed, the violations and the schedule; exits 1 on failure.
+    Run {
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Simulated seconds (at least 60).
+        #[arg(long, default_value_t = 60)]
+        secs: u64,
+        /// Which faults the seed draws.
+        #[arg(long, value_enum, default_value_t = Mix::Any)]
+        mix: Mix,
+        /// Replay this schedule (JSON) instead of drawing one.
+        #[arg(long)]
+        schedule: Option<PathBuf>,
+        /// Print only the report line.
+        #[arg(long)]
+        quiet: bool,
+        /// Print every call of this key (its whole history).
+        #[arg(long)]
+        key: Option<usize>,
+    },
+    /// Many seeds, each in a process of its own; prints failures and the
+    /// rate (simulated seconds per wall second, seeds per hour).
+    Seeds {
+        #[arg(long, default_value_t = 0)]
+        from: u64,
+        #[arg(long, default_value_t = 100)]
+        count: u64,
+        #[arg(long, default_value_t = 60)]
+        secs: u64,
+        /// Runs at once.
+        #[arg(long, default_value_t = 2)]
+        jobs: usize,
+        /// Which faults the seeds draw.
+        #[arg(long, value_enum, default_value_t = Mix::Any)]
+        mix: Mix,
+    },
+    /// Shrink a failing run to fewer faults that still fail; writes the
+    /// schedule.
+    Shrink {
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, default_value_t = 60)]
+        secs: u64,
+        #[arg(long)]
+        schedule: Option<PathBuf>,
+        #[arg(long)]
+        out: PathBuf,
+        /// Runs to try at most.
+        #[arg(long, default_value_t = 60)]
+        budget: usize,
+    },
+    /// Print the schedule a seed draws.
+    Schedule {
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, default_value_t = 60)]
+        secs: u64,
+        #[arg(long, value_enum, default_value_t = Mix::Any)]
+        mix: Mix,
+    },
+}
+
+fn load(seed: u64, secs: u64, mix: Mix, file: &Option<PathBuf>) -> Schedule {
+    match file {
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            Schedule::from_json(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        }
+        None => Schedule::draw(seed, secs, mix),
+    }
+}
+
+/// Run `schedule` in a child process; its report.
+fn child(schedule: &Schedule) -> Report {
+    let dir = std::env::temp_dir().join(format!("sluice-sim-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let path = dir.join(format!("{}-{}.json", schedule.seed, schedule.faults.len()));
+    std::fs::write(
+        &path,
+        serde_json::to_string(schedule).expect("serializable"),
+    )
+    .expect("writes the schedule");
+    let out = Command::new(std::env::current_exe().expect("its own path"))
+        .args(["run", "--quiet", "--schedule"])
+        .arg(&path)
+        .output()
+        .expect("runs a child");
+    let _ = std::fs::remove_file(&path);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    match stdout.lines().last().map(serde_json::from_str::<Report>) {
+        Some(Ok(r)) => r,
+        _ => Report {
+            seed: schedule.seed,
+            nodes: schedule.nodes,
+            faults: schedule.faults.len(),
+            calls: 0,
+            admitted: 0,
+            approximate: 0,
+            failed: 0,
+            hash: String::new(),
+            violations: vec![format!(
+                "the run crashed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .rev()
+                    .take(20)
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            )],
+            sim_secs: 0.0,
+            wall_secs: 0.0,
+        },
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Ok(filter) = std::env::var("SIM_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .without_time()
+            .init();
+    }
+    match cli.command {
+        Cmd::Run {
+            seed,
+            secs,
+            mix,
+            schedule,
+            quiet,
+            key,
+        } => {
+            let schedule = load(seed, secs, mix, &schedule);
+            // Before anything of the run draws a random number.
+            STREAM.store(splitmix(schedule.seed ^ 0x5151), Ordering::Relaxed);
+            let (report, history) = sluice_sim::run_with_history(&schedule);
+            if let Some(k) = key {
+                for c in history.calls.iter().filter(|c| c.key == k) {
+                    println!("{c}");
+                }
+            }
+            if !quiet && !report.passed() {
+                eprintln!("seed {} FAILED:", schedule.seed);
+                for v in &report.violations {
+                    eprintln!("- {v}");
+                }
+                eprintln!(
+                    "schedule (replay: sluice-sim run --schedule FILE):\n{}",
+                    serde_json::to_string_pretty(&schedule).expect("serializable")
+                );
+            }
+            println!("{}", serde_json::to_string(&report).expect("serializable"));
+            std::process::exit(if report.passed() { 0 } else { 1 });
+        }
+        Cmd::Seeds {
+            from,
+            count,
+            secs,
+            jobs,
+            mix,
+        } => {
+            let started = std::time::Instant::now();
+            let next = std::sync::atomic::AtomicU64::new(from);
+            let results = std::sync::Mutex::new(Vec::new());
+            std::thread::scope(|scope| {
+                for _ in 0..jobs.max(1) {
+                    scope.spawn(|| {
+                        loop {
+                            let seed = next.fetch_add(1, Ordering::SeqCst);
+                            if seed >= from + count {
+                                return;
+                            }
+                            let r = child(&Schedule::draw(seed, secs, mix));
+                            let line = format!(
+                                "seed {seed}: {} ({} nodes, {} faults, {} calls, {:.1} s)",
+                                if r.passed() { "ok" } else { "FAILED" },
+                                r.nodes,
+                                r.faults,
+                                r.calls,
+                                r.wall_secs
+                            );
+                            println!("{line}");
+                            if !r.passed() {
+                                for v in &r.violations {
+                                    println!("  - {}", v.lines().next().unwrap_or(""));
+                                }
+                            }
+                            let _ = std::io::stdout().flush();
+                            results.lock().unwrap_or_else(|p| p.into_inner()).push(r);
+                        }
+                    });
+                }
+            });
+            let results = results.into_inner().unwrap_or_else(|p| p.into_inner());
+            let wall = started.elapsed().as_secs_f64();
+            let sim: f64 = results.iter().map(|r| r.sim_secs).sum();
+            let failed: Vec<u64> = results
+                .iter()
+                .filter(|r| !r.passed())
+                .map(|r| r.seed)
+                .collect();
+            println!(
+                "{} seeds in {wall:.0} s ({:.0} seeds/hour, {:.1} simulated s per wall s over {jobs} jobs); {} failed: {failed:?}",
+                results.len(),
+                results.len() as f64 * 3_600.0 / wall,
+                sim / wall,
+                failed.len()
+            );
+            std::process::exit(if failed.is_empty() { 0 } else { 1 });
+        }
+        Cmd::Shrink {
+            seed,
+            secs,
+            schedule,
+            out,
+            budget,
+        } => {
+            let schedule = load(seed, secs, Mix::Any, &schedule);
+            let first = child(&schedule);
+            if first.passed() {
+                eprintln!("seed {}: the run passes; nothing to shrink", schedule.seed);
+                std::process::exit(2);
+            }
+            eprintln!(
+                "seed {}: fails with {} faults; shrinking",
+                schedule.seed,
+                schedule.faults.len()
+            );
+            let small = sluice_sim::shrink::shrink(&schedule, budget, |s| {
+                let r = child(s);
+                eprintln!(
+                    "  {} faults: {}",
+                    s.faults.len(),
+                    if r.passed() { "passes" } else { "fails" }
+                );
+                !r.passed()
+            });
+            std::fs::write(
+                &out,
+                serde_json::to_string_pretty(&small).expect("serializable") + "\n",
+            )
+            .expect("writes the schedule");
+            let r = child(&small);
+            eprintln!(
+                "{} faults left, written to {}; it fails with:",
+                small.faults.len(),
+                out.display()
+            );
+            for v in &r.violations {
+                eprintln!("- {v}");
+            }
+        }
+        Cmd::Schedule { seed, secs, mix } => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&Schedule::draw(seed, secs, mix))
+                    .expect("serializable")
+            );
+        }
+    }
+}
