@@ -386,8 +386,22 @@ impl Entry {
         }
     }
 
-    /// How far from fresh, in millionths of the capacity: the eviction score
-    /// (lowest goes first, so a key at 99% of a monthly quota goes last).
+    /// The eviction score, lowest first: how far from fresh, in millionths
+    /// of the capacity (a key at 99% of a monthly quota goes last) — and a
+    /// key an operator reset within [`RESET_MEMORY`] as full: fresh as its
+    /// state is, its reset generation must outlive the copies from before
+    /// the reset (evicted and recreated at generation 0, a replica holding
+    /// the newer generation would refuse every later replica, and a
+    /// failover would take its stale count).
+    pub fn keep_score(&self, now: Nanos) -> u64 {
+        if self.reset_gen > 0 && now < self.last_seen.saturating_add(RESET_MEMORY) {
+            1_000_000
+        } else {
+            self.fullness_ppm(now)
+        }
+    }
+
+    /// How far from fresh, in millionths of the capacity.
     pub fn fullness_ppm(&self, now: Nanos) -> u64 {
         let spec = &*self.spec;
         let used = u128::from(self.state.consumed(spec, now));

@@ -61,7 +61,7 @@ impl Store {
                 if e.take_reference() {
                     return None;
                 }
-                let fullness = e.fullness_ppm(now);
+                let fullness = e.keep_score(now);
                 let pass = fullness > much_fuller && passed < MAX_PASS;
                 let keep = !pass
                     || freshest_passed

@@ -65,6 +65,26 @@ fn a_reset_key_is_remembered_though_its_state_is_fresh() {
     assert_eq!(store.sweep(S + RESET_MEMORY), 1);
 }
 
+/// Issue 39, item 8: a key reset moments ago is as fresh as a key can be,
+/// yet it must not be evicted first — its reset generation is what keeps
+/// copies from before the reset away.
+#[test]
+fn a_freshly_reset_key_is_not_evicted_first() {
+    let store = Store::new(3);
+    let keys: Vec<_> = (0..4).map(|i| key::encode("n", &i.to_string())).collect();
+    store.decide(&keys[0], &spec(10), Cost::hits(10), 0);
+    assert_eq!(store.reset(&keys[0], S, None), Ok(true));
+    store.decide(&keys[1], &spec(10), Cost::hits(5), S);
+    store.decide(&keys[2], &spec(10), Cost::hits(5), S);
+    store.decide(&keys[3], &spec(10), Cost::hits(1), 2 * S);
+    assert_eq!(store.len(), 3);
+    assert_eq!(
+        store.inspect(&keys[0], 2 * S).map(|i| i.reset_gen),
+        Some(1),
+        "the reset key stayed; a half-spent one went"
+    );
+}
+
 #[test]
 fn evicts_the_key_closest_to_fresh_first() {
     let store = Store::new(3);
