@@ -257,3 +257,57 @@ async fn rings_converge_after_a_leave_and_a_crash() {
     }
     assert_eq!(admitted, 10);
 }
+
+/// Issue 39, item 7: an edge whose clock is behind reports hits stamped in
+/// the owner's past. Absorbed at that time, a token bucket would have
+/// refilled them already (10 hits "spent 10 s ago" on a 10-per-10-s key
+/// leave it full); counted at the owner's now, they leave it empty.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_report_from_an_edge_whose_clock_is_behind_counts_at_the_owners_now() {
+    let nodes = cluster(2, |_| {}).await;
+    let ring = nodes[0].node.limiter.ring();
+    // A key node-0 owns; node-1 reports spending on it.
+    let k = (0..)
+        .map(|i| format!("k{i}"))
+        .find(|k| {
+            ring.owner(&key::encode("skewed", k))
+                .unwrap()
+                .node_id
+                .as_ref()
+                == "node-0"
+        })
+        .unwrap();
+    let node = &nodes[0];
+    let secret = sluice::cluster::auth::Secret::new(Some(b"test-secret"));
+    let mut client = PeerClient::new(node.channel.clone());
+    let behind = common::BASE - 10_000_000_000;
+    let mut req = tonic::Request::new(peer_pb::ReportRequest {
+        protocol_version: sluice::proto::PEER_PROTOCOL_VERSION,
+        from_node: "node-1".into(),
+        items: vec![peer_pb::ReportItem {
+            name: "skewed".into(),
+            unique_key: k.clone(),
+            limit: Some(peer_pb::Limit {
+                algorithm: pb::Algorithm::TokenBucket as i32,
+                limit: 10,
+                duration_ns: 10_000_000_000,
+                ..Default::default()
+            }),
+            seq: u64::MAX / 2,
+            hits: 10,
+            at_ns: behind,
+            reset_gen: None,
+        }],
+    });
+    req.metadata_mut().insert(
+        "x-sluice-peer",
+        secret.peer_token("node-1").unwrap().parse().unwrap(),
+    );
+    let outcomes = client.report(req).await.unwrap().into_inner().outcomes;
+    assert_eq!(outcomes, vec![peer_pb::ReportOutcome::Applied as i32]);
+    let mut peek = inline("skewed", &k, 10, 10_000);
+    peek.hits = Some(0);
+    let a = node.check(peek).await;
+    assert!(!a.approximate);
+    assert_eq!(a.remaining, 0, "the reported hits count now: {a:?}");
+}

@@ -246,8 +246,13 @@ impl Limiter {
                 return ReportOutcome::Retry;
             }
         }
-        // Another node's clock never moves this key's time forward.
-        let at = r.at.min(self.now());
+        // Hits spent elsewhere count at this owner's now: only the owner's
+        // clock decides. An edge's `at` ahead would move the key's time
+        // forward; behind, it would have those hits refill early (or fall
+        // into an earlier window). A report that waited (an owner
+        // unreachable for a while) so counts as recent: a few hits
+        // counted late, the safe side.
+        let at = self.now();
         let report = crate::store::Report {
             edge: r.edge,
             seq: r.seq,
