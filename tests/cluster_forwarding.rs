@@ -311,3 +311,59 @@ async fn a_report_from_an_edge_whose_clock_is_behind_counts_at_the_owners_now() 
     assert!(!a.approximate);
     assert_eq!(a.remaining, 0, "the reported hits count now: {a:?}");
 }
+
+/// Issue 39, item 2, the owner's side: a report numbered at or below the
+/// last one applied from its edge is answered DUPLICATE with that last
+/// number, so an edge that restarted with its clock behind (its numbering
+/// below its previous run's) knows how far to jump (`Leases::renumber`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_duplicate_report_says_what_was_applied() {
+    let nodes = cluster(2, |_| {}).await;
+    let ring = nodes[0].node.limiter.ring();
+    let k = (0..)
+        .map(|i| format!("k{i}"))
+        .find(|k| {
+            ring.owner(&key::encode("numbered", k))
+                .unwrap()
+                .node_id
+                .as_ref()
+                == "node-0"
+        })
+        .unwrap();
+    let secret = sluice::cluster::auth::Secret::new(Some(b"test-secret"));
+    let mut client = PeerClient::new(nodes[0].channel.clone());
+    let mut report = |seq: u64| {
+        let mut req = tonic::Request::new(peer_pb::ReportRequest {
+            protocol_version: sluice::proto::PEER_PROTOCOL_VERSION,
+            from_node: "node-1".into(),
+            items: vec![peer_pb::ReportItem {
+                name: "numbered".into(),
+                unique_key: k.clone(),
+                limit: Some(peer_pb::Limit {
+                    algorithm: pb::Algorithm::TokenBucket as i32,
+                    limit: 100,
+                    duration_ns: 60_000_000_000,
+                    ..Default::default()
+                }),
+                seq,
+                hits: 1,
+                at_ns: common::BASE,
+                reset_gen: None,
+            }],
+        });
+        req.metadata_mut().insert(
+            "x-sluice-peer",
+            secret.peer_token("node-1").unwrap().parse().unwrap(),
+        );
+        req
+    };
+    let first = client.report(report(50_000)).await.unwrap().into_inner();
+    assert_eq!(first.outcomes, vec![peer_pb::ReportOutcome::Applied as i32]);
+    assert_eq!(first.applied, vec![0]);
+    let low = client.report(report(7)).await.unwrap().into_inner();
+    assert_eq!(low.outcomes, vec![peer_pb::ReportOutcome::Duplicate as i32]);
+    assert_eq!(low.applied, vec![50_000], "how far to jump");
+    let mut peek = inline("numbered", &k, 100, 60_000);
+    peek.hits = Some(0);
+    assert_eq!(nodes[0].check(peek).await.remaining, 99, "counted once");
+}

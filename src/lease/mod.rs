@@ -16,9 +16,11 @@
 //! **Reports.** What an edge admits on a lease is reported to the key's
 //! owner once it is reachable again, and the owner `absorb`s it. Each report
 //! carries a sequence number from a counter that only grows (seeded from the
-//! boot time, so a restarted edge continues above its old numbers); the owner
-//! applies a report only if its number is above the last it applied from that
-//! edge for that key. A report is retried, unchanged, until acknowledged —
+//! wall clock at boot, so a restarted edge continues above its old numbers —
+//! and when the clock was behind then, the first owner to answer "duplicate"
+//! to a report sent once says how far to jump: [`Leases::renumber`]); the
+//! owner applies a report only if its number is above the last it applied
+//! from that edge for that key. A report is retried, unchanged, until acknowledged —
 //! never dropped, never counted twice. Hits admitted meanwhile wait for the
 //! next report — but never for the key's next decision by an owner: an edge
 //! delivers a key's unreported spending before it forwards that key again,
@@ -58,6 +60,9 @@ struct Pending {
     last_at: Nanos,
     /// Sent, not yet acknowledged: resent unchanged.
     in_flight: Option<Report>,
+    /// How many times the report in flight was sent (see
+    /// [`Leases::renumber`]).
+    sendings: u32,
     /// The largest `N` a lease here spent at (each hit cost `N` tokens of
     /// the remembered answer); 1 for hits recorded without a lease.
     scale: u64,
@@ -193,8 +198,9 @@ struct Inner {
 impl Leases {
     /// `max_keys` bounds both the keys remembered and the keys with
     /// unreported consumption, `max_memory` the bytes the remembered ones
-    /// hold (a sliding log's seed holds its timestamps); `seq_base` must
-    /// grow across restarts (boot time in ns).
+    /// hold (a sliding log's seed holds its timestamps); `seq_base` should
+    /// grow across restarts (the wall clock at boot, ns): where it does not
+    /// (a clock behind), [`Leases::renumber`] catches up.
     pub fn new(max_keys: usize, max_memory: usize, seq_base: u64) -> Leases {
         Leases {
             inner: Arc::new(Inner {
@@ -350,6 +356,7 @@ impl Leases {
                 unsent: 0,
                 last_at: now,
                 in_flight: None,
+                sendings: 0,
                 scale: 1,
                 leased: false,
             });
@@ -397,6 +404,7 @@ impl Leases {
     /// hits (none when there are none).
     fn cut(&self, key: &Arc<[u8]>, p: &mut Pending) -> Option<Report> {
         if p.in_flight.is_none() && p.unsent > 0 {
+            p.sendings = 0;
             p.in_flight = Some(Report {
                 key: key.clone(),
                 spec: p.spec,
@@ -407,6 +415,54 @@ impl Leases {
             });
         }
         p.in_flight.clone()
+    }
+
+    /// These reports go to their owner now: each sending counts (see
+    /// [`Leases::renumber`]).
+    pub fn sending(&self, reports: &[Report]) {
+        let mut table = self.table();
+        for report in reports {
+            if let Some(p) = table.pending.get_mut(&report.key)
+                && p.in_flight.as_ref().is_some_and(|r| r.seq == report.seq)
+            {
+                p.sendings = p.sendings.saturating_add(1);
+            }
+        }
+    }
+
+    /// An owner answered `report` "duplicate": it applied up to `applied`
+    /// from this edge for the key. If that answers the report's only
+    /// sending, the report cannot have been applied before — this edge's
+    /// numbering restarted below an earlier run's (its sequence base is
+    /// the wall clock at boot, and the clock was behind then: an NTP step,
+    /// a VM restored, a start before NTP synced). Acknowledged, its hits
+    /// would be lost, and so would every later report's on keys this edge
+    /// reported before. Instead the report, and every report cut from now
+    /// on, is numbered above `applied`, and stays in flight to be sent
+    /// again: returns true. Sent more than once (the duplicate is a
+    /// retry's: an earlier sending was applied and its answer lost), or
+    /// with no `applied` to go by (an owner before this rule): false —
+    /// acknowledge it.
+    pub fn renumber(&self, report: &Report, applied: u64) -> bool {
+        let mut table = self.table();
+        let Some(p) = table.pending.get_mut(&report.key) else {
+            return false;
+        };
+        if p.sendings != 1 || applied < report.seq {
+            return false;
+        }
+        let Some(r) = p.in_flight.as_mut().filter(|r| r.seq == report.seq) else {
+            return false;
+        };
+        self.inner.seq.fetch_max(applied, Ordering::Relaxed);
+        r.seq = self.inner.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        p.sendings = 0;
+        tracing::warn!(
+            applied,
+            renumbered = r.seq,
+            "a lease report was numbered below what its owner already applied from this node (its clock was behind when it started); renumbered"
+        );
+        true
     }
 
     /// The owner applied (or had already applied) this report, at `now`.

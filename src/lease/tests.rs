@@ -255,6 +255,47 @@ fn reports_are_resent_unchanged_until_acknowledged() {
     assert_eq!(l.unreported(), 0);
 }
 
+/// Issue 39, item 2: an edge restarted with its wall clock behind its
+/// previous run numbers its reports below what owners applied from it.
+/// The first owner to answer "duplicate" to a report sent once says how
+/// far to jump: the report is renumbered above it and resent, never taken
+/// for applied — while a duplicate answering a resent report is a retry's,
+/// and acknowledged.
+#[test]
+fn a_report_numbered_below_an_earlier_run_is_renumbered_not_dropped() {
+    // This run's numbering starts at 1,000; an earlier run reached 50,000.
+    let l = Leases::new(100, usize::MAX, 1_000);
+    let (a, b) = (key::encode("n", "a"), key::encode("n", "b"));
+    let sp = spec(600);
+    assert!(
+        !l.decide(&a, &sp, Cost::hits(1), 3, 0).allowed(),
+        "starts empty"
+    );
+    assert_eq!(admitted(&l, &a, &sp, 3, 300 * S, 4), 4);
+    let first = l.reports();
+    assert_eq!(first[0].seq, 1_001);
+    l.sending(&first);
+    assert!(l.renumber(&first[0], 50_000), "sent once: renumbered");
+    let again = l.reports();
+    assert_eq!((again[0].seq, again[0].hits), (50_001, 4), "the same hits");
+    assert_eq!(l.unreported(), 4, "nothing taken for applied");
+    // Sent twice and answered "duplicate": an earlier sending was applied.
+    l.sending(&again);
+    l.sending(&again);
+    assert!(!l.renumber(&again[0], 50_001));
+    l.acknowledge(&again[0], 0);
+    assert_eq!(l.unreported(), 0);
+    // Every report cut from now on is above the jump.
+    assert!(!l.decide(&b, &sp, Cost::hits(1), 3, 0).allowed());
+    assert_eq!(admitted(&l, &b, &sp, 3, 300 * S, 1), 1);
+    assert_eq!(l.reports()[0].seq, 50_002);
+    // An owner that does not say what it applied (an older release): a
+    // retry, as before.
+    let next = l.reports();
+    l.sending(&next);
+    assert!(!l.renumber(&next[0], 0));
+}
+
 /// One key's report, for an owner that must hold the key's spending before
 /// it decides it: the report in flight first (unchanged, so the owner's
 /// sequence check makes a second delivery harmless), then one of the hits

@@ -90,9 +90,24 @@ impl Limiter {
             at: report.at,
             reset_gen: report.reset_gen,
         };
+        self.shared.leases.sending(std::slice::from_ref(report));
         let o = self.absorb_encoded(&report.key, &report.spec, &absorb, t, took);
+        self.answered(report, o)
+    }
+
+    /// What `report`'s owner answered; whether it is acknowledged. A
+    /// duplicate answering the report's only sending is a numbering that
+    /// restarted low, not a retry: renumbered and resent, never taken for
+    /// applied (see `Leases::renumber`).
+    fn answered(&self, report: &Report, o: ReportOutcome) -> bool {
+        let leases = &self.shared.leases;
+        if let ReportOutcome::Duplicate { applied } = o
+            && leases.renumber(report, applied)
+        {
+            return false;
+        }
         if o.acknowledged() {
-            self.shared.leases.acknowledge(report, self.now());
+            leases.acknowledge(report, self.now());
         }
         o.acknowledged()
     }
@@ -158,18 +173,13 @@ impl Limiter {
     /// One call's worth of reports to `owner`; returns how many it
     /// acknowledged.
     async fn send_reports(&self, owner: &str, reports: &[Report]) -> usize {
-        let leases = &self.shared.leases;
+        self.shared.leases.sending(reports);
         match self.shared.peers.report(owner, reports).await {
-            Ok(outcomes) => {
-                let mut acked = 0;
-                for (rep, o) in reports.iter().zip(outcomes) {
-                    if o.acknowledged() {
-                        leases.acknowledge(rep, self.now());
-                        acked += 1;
-                    }
-                }
-                acked
-            }
+            Ok(outcomes) => reports
+                .iter()
+                .zip(outcomes)
+                .filter(|(rep, o)| self.answered(rep, *o))
+                .count(),
             Err(ForwardError::Refused { peer, reason }) => {
                 tracing::warn!(%peer, %reason, "lease reports refused; will retry");
                 0
@@ -272,7 +282,7 @@ impl Limiter {
                 self.shared.tiers.reported(k, r.edge, r.hits);
                 ReportOutcome::Applied
             }
-            Ok(Absorbed::Duplicate) => ReportOutcome::Duplicate,
+            Ok(Absorbed::Duplicate { applied }) => ReportOutcome::Duplicate { applied },
             Ok(Absorbed::BeforeReset) => ReportOutcome::Stale,
         };
         self.shared

@@ -199,17 +199,19 @@ impl Peer for PeerService {
             .collect();
         let valid: Vec<_> = parsed.iter().flatten().cloned().collect();
         let mut outcomes = self.limiter.absorb_reports(&valid).await.into_iter();
-        let outcomes = parsed
+        let (outcomes, applied) = parsed
             .iter()
             .map(|p| match p {
-                Some(_) => outcomes
-                    .next()
-                    .map_or(pb::ReportOutcome::Retry, wire::outcome_to_wire)
-                    as i32,
-                None => pb::ReportOutcome::Invalid as i32,
+                Some(_) => {
+                    let (o, applied) = outcomes
+                        .next()
+                        .map_or((pb::ReportOutcome::Retry, 0), wire::outcome_to_wire);
+                    (o as i32, applied)
+                }
+                None => (pb::ReportOutcome::Invalid as i32, 0),
             })
-            .collect();
-        Ok(Response::new(pb::ReportResponse { outcomes }))
+            .unzip();
+        Ok(Response::new(pb::ReportResponse { outcomes, applied }))
     }
 
     async fn sync(

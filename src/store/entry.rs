@@ -305,16 +305,14 @@ impl Entry {
 
     /// Add consumption an edge reports, once per `(edge, seq)`: a report
     /// with a sequence number at or below the last applied from that edge is
-    /// a retry and changes nothing. Returns whether it was applied.
-    pub fn absorb_report(&mut self, edge: &str, seq: u64, hits: u64, at: Nanos) -> bool {
-        if !self.reports.advance(edge, seq) {
-            return false;
-        }
+    /// a retry and changes nothing (`Err` holds that last).
+    pub fn absorb_report(&mut self, edge: &str, seq: u64, hits: u64, at: Nanos) -> Result<(), u64> {
+        self.reports.advance(edge, seq)?;
         self.absorb(hits, at);
         self.version += 1;
         self.last_seen = self.last_seen.max(at);
         self.referenced = true;
-        true
+        Ok(())
     }
 
     /// Count `hits` as consumed at `at`, with no report slot (see
@@ -483,19 +481,19 @@ impl Reports {
         self.slots().to_vec()
     }
 
-    /// Record `seq` from `edge` if it is newer than the last; returns
-    /// whether it was (a report at or below the last is a retry).
-    fn advance(&mut self, edge: &str, seq: u64) -> bool {
+    /// Record `seq` from `edge` if it is newer than the last; else the
+    /// last (a report at or below it is a retry).
+    fn advance(&mut self, edge: &str, seq: u64) -> Result<(), u64> {
         let slots = self.0.get_or_insert_with(Box::default);
         match slots.iter_mut().find(|(e, _)| &**e == edge) {
-            Some((_, last)) if *last >= seq => false,
+            Some((_, last)) if *last >= seq => Err(*last),
             Some((_, last)) => {
                 *last = seq;
-                true
+                Ok(())
             }
             None => {
                 slots.push((Arc::from(edge), seq));
-                true
+                Ok(())
             }
         }
     }

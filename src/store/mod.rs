@@ -427,10 +427,11 @@ impl Store {
         let apply = |e: &mut Entry| {
             if report.reset_gen.is_some_and(|g| g < e.reset_gen()) {
                 Absorbed::BeforeReset
-            } else if e.absorb_report(report.edge, report.seq, report.hits, report.at) {
-                Absorbed::Applied
             } else {
-                Absorbed::Duplicate
+                match e.absorb_report(report.edge, report.seq, report.hits, report.at) {
+                    Ok(()) => Absorbed::Applied,
+                    Err(applied) => Absorbed::Duplicate { applied },
+                }
             }
         };
         // A key in the table, found at once or by the insert's lookup.

@@ -266,7 +266,7 @@ fn the_fence_refuses_what_was_routed_under_an_older_view() {
     );
     assert_eq!(
         store.absorb_report(&k, &spec(5), &report, view(2)),
-        Ok(Absorbed::Duplicate)
+        Ok(Absorbed::Duplicate { applied: 1 })
     );
     assert_eq!(store.inspect(&k, 0).unwrap().remaining, 2);
     // A node that may have been away decides nothing, whatever its view.

@@ -43,8 +43,12 @@ impl std::fmt::Debug for Fence<'_> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Absorbed {
     Applied,
-    /// Already applied (a retry): not counted again.
-    Duplicate,
+    /// At or below the last sequence applied from this edge (`applied`):
+    /// a retry, not counted again — or, on a report's first sending, an
+    /// edge whose numbering restarted lower (see `lease::Leases::renumber`).
+    Duplicate {
+        applied: u64,
+    },
     /// Spent before the key's last reset: dropped.
     BeforeReset,
 }

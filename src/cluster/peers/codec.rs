@@ -154,21 +154,23 @@ pub(super) fn forwarded_from_wire(r: pb::ForwardResult) -> Result<Forwarded, (bo
     }
 }
 
-pub fn outcome_to_wire(o: ReportOutcome) -> pb::ReportOutcome {
+/// A report's outcome on the wire, and the sequence it names (`applied`
+/// of a duplicate; 0 otherwise).
+pub fn outcome_to_wire(o: ReportOutcome) -> (pb::ReportOutcome, u64) {
     match o {
-        ReportOutcome::Applied => pb::ReportOutcome::Applied,
-        ReportOutcome::Duplicate => pb::ReportOutcome::Duplicate,
-        ReportOutcome::NotOwner => pb::ReportOutcome::NotOwner,
-        ReportOutcome::Retry => pb::ReportOutcome::Retry,
-        ReportOutcome::Stale => pb::ReportOutcome::Stale,
-        ReportOutcome::Invalid => pb::ReportOutcome::Invalid,
+        ReportOutcome::Applied => (pb::ReportOutcome::Applied, 0),
+        ReportOutcome::Duplicate { applied } => (pb::ReportOutcome::Duplicate, applied),
+        ReportOutcome::NotOwner => (pb::ReportOutcome::NotOwner, 0),
+        ReportOutcome::Retry => (pb::ReportOutcome::Retry, 0),
+        ReportOutcome::Stale => (pb::ReportOutcome::Stale, 0),
+        ReportOutcome::Invalid => (pb::ReportOutcome::Invalid, 0),
     }
 }
 
-pub(super) fn outcome_from_wire(o: i32) -> ReportOutcome {
+pub(super) fn outcome_from_wire(o: i32, applied: u64) -> ReportOutcome {
     match pb::ReportOutcome::try_from(o) {
         Ok(pb::ReportOutcome::Applied) => ReportOutcome::Applied,
-        Ok(pb::ReportOutcome::Duplicate) => ReportOutcome::Duplicate,
+        Ok(pb::ReportOutcome::Duplicate) => ReportOutcome::Duplicate { applied },
         Ok(pb::ReportOutcome::NotOwner) => ReportOutcome::NotOwner,
         Ok(pb::ReportOutcome::Retry) => ReportOutcome::Retry,
         Ok(pb::ReportOutcome::Stale) => ReportOutcome::Stale,

@@ -399,7 +399,9 @@ impl Peers {
             .map(|i| match i {
                 Some(_) => outcomes
                     .next()
-                    .map_or(ReportOutcome::Invalid, codec::outcome_from_wire),
+                    .map_or(ReportOutcome::Invalid, |(o, applied)| {
+                        codec::outcome_from_wire(o, applied)
+                    }),
                 None => ReportOutcome::Invalid,
             })
             .collect())

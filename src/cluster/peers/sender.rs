@@ -106,7 +106,7 @@ impl Sender {
         &self,
         items: Vec<pb::ReportItem>,
         probe: bool,
-    ) -> Result<Vec<i32>, ForwardError> {
+    ) -> Result<Vec<(i32, u64)>, ForwardError> {
         let n = items.len();
         let request = pb::ReportRequest {
             protocol_version: PEER_PROTOCOL_VERSION,
@@ -127,7 +127,9 @@ impl Sender {
                 reason: "a wrong number of outcomes".into(),
             });
         }
-        Ok(r.outcomes)
+        // `applied` is absent from owners before it: 0, a plain retry.
+        let applied = r.applied.iter().copied().chain(std::iter::repeat(0));
+        Ok(r.outcomes.into_iter().zip(applied).collect())
     }
 
     async fn send_once(

@@ -114,8 +114,13 @@ pub enum Forwarded {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReportOutcome {
     Applied,
-    /// Already applied: a retry, not counted again.
-    Duplicate,
+    /// At or below the last sequence the owner applied from this edge
+    /// (`applied`; 0 from an owner that does not say): a retry, not counted
+    /// again — or, answering a report's first sending, this edge's
+    /// numbering restarted lower (`lease::Leases::renumber`).
+    Duplicate {
+        applied: u64,
+    },
     /// Not this node's key: the edge sends it to the owner.
     NotOwner,
     /// Not yet: the key is still coming to this node from its previous
@@ -133,7 +138,7 @@ impl ReportOutcome {
     pub fn name(self) -> &'static str {
         match self {
             ReportOutcome::Applied => "applied",
-            ReportOutcome::Duplicate => "duplicate",
+            ReportOutcome::Duplicate { .. } => "duplicate",
             ReportOutcome::NotOwner => "not_owner",
             ReportOutcome::Retry => "retry",
             ReportOutcome::Stale => "stale",
@@ -145,7 +150,7 @@ impl ReportOutcome {
     pub fn acknowledged(self) -> bool {
         matches!(
             self,
-            ReportOutcome::Applied | ReportOutcome::Duplicate | ReportOutcome::Stale
+            ReportOutcome::Applied | ReportOutcome::Duplicate { .. } | ReportOutcome::Stale
         )
     }
 }
