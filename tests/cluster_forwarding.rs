@@ -332,7 +332,7 @@ async fn a_duplicate_report_says_what_was_applied() {
         .unwrap();
     let secret = sluice::cluster::auth::Secret::new(Some(b"test-secret"));
     let mut client = PeerClient::new(nodes[0].channel.clone());
-    let mut report = |seq: u64| {
+    let report = |seq: u64| {
         let mut req = tonic::Request::new(peer_pb::ReportRequest {
             protocol_version: sluice::proto::PEER_PROTOCOL_VERSION,
             from_node: "node-1".into(),
