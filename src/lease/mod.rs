@@ -214,6 +214,16 @@ impl Leases {
         }
     }
 
+    /// These (new) leases with their remembered answers hashed from
+    /// `seed` (see [`Store::seeded`]): the simulator's replays.
+    pub fn seeded(mut self, seed: u64) -> Leases {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            let seen = std::mem::replace(&mut inner.seen, Store::new(1));
+            inner.seen = seen.seeded(seed);
+        }
+        self
+    }
+
     fn table(&self) -> std::sync::MutexGuard<'_, Table> {
         self.inner.table.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -156,7 +156,7 @@ impl Node {
         let lease_memory = max_memory / 8;
         let mut store = Store::bounded(config.limits.max_keys, max_memory - lease_memory);
         if let Some(seed) = hash_seed {
-            store = store.hash_seeded(seed);
+            store = store.seeded(seed);
         }
         let store = Arc::new(store);
         let metrics = Arc::new(Metrics::new(
@@ -288,7 +288,10 @@ impl Node {
             threads,
         })
         .await?;
-        let leases = Leases::new(cluster.lease_max_keys, lease_memory, clock.wall());
+        let mut leases = Leases::new(cluster.lease_max_keys, lease_memory, clock.wall());
+        if let Some(seed) = hash_seed {
+            leases = leases.seeded(seed ^ 0x1ea5e);
+        }
         let limiter = Limiter::new(Parts {
             node_id: config.node_id.clone(),
             store,

@@ -20,8 +20,9 @@ pub struct World {
     pub net: Arc<dyn Network>,
     pub threads: Threads,
     /// The store's hash seed: `None` is random per process (a client
-    /// cannot aim its keys at one shard); a simulation fixes it, so a run
-    /// replays the same iteration orders.
+    /// cannot aim its keys at one shard), shards four per core; a
+    /// simulation fixes the seed and the shards (`Store::seeded`), so a
+    /// run replays the same iteration orders on any machine.
     pub hash_seed: Option<u64>,
 }
 

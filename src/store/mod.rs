@@ -111,16 +111,18 @@ impl Store {
         }
     }
 
-    /// This (empty) store's table hashed from `seed`, not a random seed:
-    /// the deterministic simulator replays the same iteration orders
-    /// (sweeps, transfers, replication rounds). Production keeps the
-    /// random seed.
-    pub fn hash_seeded(mut self, seed: u64) -> Store {
+    /// This (empty) store with its table and rankings hashed from `seed`,
+    /// not a random seed, and its table in a fixed number of shards, not
+    /// four per core: the deterministic simulator replays the same
+    /// iteration orders (sweeps, transfers, replication rounds) on any
+    /// machine. Production keeps the random seed.
+    pub fn seeded(mut self, seed: u64) -> Store {
         debug_assert!(self.is_empty(), "reseeding a store that holds keys");
-        self.map.reseed(Hasher::with_seed(
-            seed,
-            foldhash::SharedSeed::global_fixed(),
-        ));
+        let hasher = || Hasher::with_seed(seed, foldhash::SharedSeed::global_fixed());
+        self.map = Table::with_shards(0, 8, hasher());
+        if self.top.is_on() {
+            self.top = top::TopKeys::with_hasher(top::DEFAULT_K, hasher);
+        }
         self
     }
 

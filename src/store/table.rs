@@ -188,8 +188,14 @@ impl Table {
     /// A table with room for `capacity` keys before any shard grows.
     pub fn with_capacity(capacity: usize) -> Table {
         // As DashMap: four shards per core, a power of two.
-        let n =
-            (std::thread::available_parallelism().map_or(1, |n| n.get()) * 4).next_power_of_two();
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get()) * 4;
+        Table::with_shards(capacity, n, Hasher::default())
+    }
+
+    /// A table of `n` shards (rounded up to a power of two) hashed by
+    /// `hasher`.
+    pub fn with_shards(capacity: usize, n: usize, hasher: Hasher) -> Table {
+        let n = n.max(1).next_power_of_two();
         let per = capacity.div_ceil(n);
         let shards = (0..n)
             .map(|_| {
@@ -202,15 +208,9 @@ impl Table {
             .collect();
         Table {
             shards,
-            hasher: Hasher::default(),
+            hasher,
             places: AtomicUsize::new(0),
         }
-    }
-
-    /// Hash with `hasher` from now on. Only for an empty table: a key
-    /// already in it would hash elsewhere.
-    pub fn reseed(&mut self, hasher: Hasher) {
-        self.hasher = hasher;
     }
 
     #[inline]

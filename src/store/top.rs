@@ -48,10 +48,20 @@ pub type Counts = (u64, u64);
 impl TopKeys {
     /// Rankings that report the top `k` exactly (`2 × k` candidates each).
     pub fn new(k: usize) -> TopKeys {
+        TopKeys::with_hasher(k, Hasher::default)
+    }
+
+    /// [`TopKeys::new`], hashing with what `hasher` makes.
+    pub fn with_hasher(k: usize, hasher: impl Fn() -> Hasher) -> TopKeys {
         TopKeys {
-            hits: Ranking::new(2 * k.max(1)),
-            refusals: Ranking::new(2 * k.max(1)),
+            hits: Ranking::new(2 * k.max(1), hasher()),
+            refusals: Ranking::new(2 * k.max(1), hasher()),
         }
+    }
+
+    /// Whether these rankings keep anything ([`TopKeys::off`] keeps none).
+    pub fn is_on(&self) -> bool {
+        self.hits.capacity > 0
     }
 
     /// No rankings: nothing is ever due (a store nobody asks for its top
@@ -132,13 +142,10 @@ struct Ranking {
 }
 
 impl Ranking {
-    fn new(capacity: usize) -> Ranking {
+    fn new(capacity: usize, hasher: Hasher) -> Ranking {
         Ranking {
             floor: Floor(AtomicU64::new(0)),
-            candidates: Mutex::new(HashMap::with_capacity_and_hasher(
-                capacity + 1,
-                Hasher::default(),
-            )),
+            candidates: Mutex::new(HashMap::with_capacity_and_hasher(capacity + 1, hasher)),
             capacity,
         }
     }

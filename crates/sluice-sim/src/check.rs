@@ -3,35 +3,57 @@
 //! Keys never refill during a run, so every exact answer says how much of
 //! the key's limit was spent, and the count only grows. The one documented
 //! loss is a crash's replication lag: what the dead owner admitted before
-//! its last changes reached a replica (a pause past `away_after` counts as
-//! a death: peers decide the node's keys from replicas meanwhile). [`lag`] bounds it per crash and key
-//! — the admissions that owner answered, and the calls that failed (they
-//! may have counted), from `LAG` before the crash, reaching back over any
-//! fault that could hold its replication up (a peer paused or down, its
-//! links cut, slowed or lossy) — and every bound below allows exactly
-//! that much, no more:
+//! its last changes reached a replica. A *death* is a crash, or a pause
+//! (or sleep) long enough that the node gave its keys up
+//! ([`pause_death`]) — its peers decide them from replicas meanwhile —
+//! taken from what the run did, not from the schedule (a fault on a node
+//! already down did nothing). What a death may lose of a key ([`lost`]):
+//! the exact admissions that node answered as owner from [`LAG`] before
+//! it, reaching back over anything that held its replication up (another
+//! node paused or down, a gRPC cut of its own, a slow or lossy link), and
+//! the key's failed calls meanwhile (they may have counted). Every bound
+//! below allows exactly that, each call counted once:
 //!
 //! 1. **No rollback.** An exact answer sent after another exact answer of
-//!    the same key came back shows no more remaining than it, beyond the
-//!    lag of crashes between the two.
+//!    the same key came back shows no more remaining than it, beyond what
+//!    the deaths between the two may have lost (failed calls included:
+//!    a lost one can move a later remaining up).
 //! 2. **No over-admission by exact answers.** Exact admissions ≤ limit +
-//!    the key's lag; for `deny` keys, every admission counts (a `deny` key
-//!    is never decided on a lease).
+//!    the lost admissions; for `deny` keys, every admission counts (a
+//!    `deny` key is never decided on a lease).
 //! 3. **Nothing admitted is lost.** After traffic stopped, the key's final
-//!    exact count covers every exact admission, less the lag.
+//!    exact count covers every exact admission, less the lost ones.
 //! 4. **Liveness.** After the last heal, every key answers exactly through
 //!    every node within [`LIVENESS`], and no call fails from then on.
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use crate::history::{Call, History};
 use crate::schedule::{Fault, Proto, Schedule};
+use crate::sim::Event;
 use crate::workload::{KEYS, Key, LIVENESS, Unreachable, keys};
 
 /// An owner replicates a change within this long (ms), with no fault in
 /// the way: as soon as a change waits, then every `replicate_interval`
 /// (20 ms) while changes come — plus the simulated network.
 pub const LAG: u64 = 100;
+
+/// A pause at least this long (ns) may make a node give up its keys: it
+/// rejoins once its gossip loop's last round is `away_after` old (400 ms
+/// at the defaults), and that round may have come up to one reading
+/// interval (`away_after / 8`) before the pause. Its peers, past failure
+/// detection, decide its keys from replicas meanwhile: to them the same
+/// as a crash, with the same lag lost.
+pub fn pause_death() -> u64 {
+    let c = sluice::config::ClusterConfig::default();
+    let away = sluice::cluster::membership::away_after(c.gossip_interval, c.phi_threshold);
+    let reading = (away / 8).clamp(
+        std::time::Duration::from_millis(5),
+        std::time::Duration::from_millis(100),
+    );
+    (away - reading).as_nanos() as u64 - 1_000_000
+}
 
 /// A broken invariant.
 #[derive(Debug)]
@@ -40,9 +62,11 @@ pub struct Violation {
     pub what: String,
 }
 
-/// Check `history` against the invariants; empty when the run passed.
-pub fn check(s: &Schedule, history: &History) -> Vec<Violation> {
+/// Check `history` against the invariants, given what the run did to the
+/// nodes (`events`); empty when the run passed.
+pub fn check(s: &Schedule, history: &History, events: &[(u64, usize, Event)]) -> Vec<Violation> {
     let keys = keys(s.seed);
+    let faults = Faults::of(s, events);
     let mut out = Vec::new();
     let mut by_key: Vec<Vec<&Call>> = vec![Vec::new(); KEYS];
     for c in &history.calls {
@@ -50,7 +74,7 @@ pub fn check(s: &Schedule, history: &History) -> Vec<Violation> {
     }
     for (k, calls) in by_key.iter_mut().enumerate() {
         calls.sort_by_key(|c| (c.sent, c.done));
-        check_key(s, k, keys[k], calls, &mut out);
+        check_key(s, &faults, k, keys[k], calls, &mut out);
     }
     out
 }
@@ -59,108 +83,181 @@ fn ms(t: u64) -> u64 {
     t * 1_000_000
 }
 
-/// A pause at least this long (ms) makes a node give up its keys:
-/// `away_after` at the defaults (gossip every 200 ms, φ 10). Its peers
-/// declare it dead a little later and decide its keys from replicas.
-pub const AWAY: u64 = 400;
-
-/// The deaths of a run, (node, at ns): crashes, and pauses long enough
-/// that the node gave up its keys — to its peers the same as a crash, so
-/// they lose the same lag.
-fn crashes(s: &Schedule) -> Vec<(usize, u64)> {
-    s.faults
-        .iter()
-        .filter_map(|f| match f {
-            Fault::Crash { node, at, .. } => Some((*node, ms(*at))),
-            Fault::Pause { node, at, span } if *span >= AWAY => Some((*node, ms(*at))),
-            _ => None,
-        })
-        .collect()
+/// Something that can hold a node's replication up, over `[from, to]` ns.
+#[derive(Clone, Copy, Debug)]
+enum Hold {
+    /// A node paused, asleep or down: every other node's replicas to it.
+    Node(usize),
+    /// gRPC cut between two nodes (either way): both of them.
+    Link(usize, usize),
+    /// A slow or lossy node: anyone (it may hold anyone's replicas).
+    Any,
 }
 
-/// Whether fault `f` could hold up `node`'s replication.
-fn holds_up(f: &Fault, node: usize) -> bool {
-    match f {
-        Fault::Pause { node: n, .. } | Fault::Crash { node: n, .. } => *n != node,
-        Fault::Leave { .. } | Fault::ClockStep { .. } => false,
-        Fault::Cut {
-            from, to, proto, ..
-        } => (*from == node || *to == node) && *proto != Proto::Udp,
-        Fault::Slow { .. } | Fault::Loss { .. } => true,
-    }
+/// The run's deaths and what held replication up, from the schedule's
+/// network faults and the processes' events.
+struct Faults {
+    /// (node, ns): crashes, and pauses long enough to give keys up.
+    deaths: Vec<(usize, u64)>,
+    holds: Vec<(u64, u64, Hold)>,
 }
 
-/// From when a crash of `node` at `at` may lose admissions (ns).
-fn lag_start(s: &Schedule, node: usize, at: u64) -> u64 {
-    let mut from = at.saturating_sub(ms(LAG));
-    loop {
-        let earlier = s
-            .faults
-            .iter()
-            .filter(|f| holds_up(f, node) && ms(f.at()) < at && ms(f.end()) + ms(LAG) >= from)
-            .map(|f| ms(f.at()).saturating_sub(ms(LAG)))
-            .min()
-            .unwrap_or(from)
-            .min(from);
-        if earlier == from {
-            return from;
+impl Faults {
+    fn of(s: &Schedule, events: &[(u64, usize, Event)]) -> Faults {
+        let mut events = events.to_vec();
+        events.sort_by_key(|&(at, n, _)| (at, n));
+        let threshold = pause_death();
+        let mut deaths = Vec::new();
+        let mut holds = Vec::new();
+        let end = ms(s.end);
+        for (i, &(at, n, e)) in events.iter().enumerate() {
+            match e {
+                Event::Crashed => {
+                    deaths.push((n, at));
+                    let back = events[i + 1..]
+                        .iter()
+                        .find(|&&(_, m, e)| m == n && e == Event::Started)
+                        .map_or(end, |&(t, _, _)| t);
+                    holds.push((at, back, Hold::Node(n)));
+                }
+                Event::Paused { span } => {
+                    if span >= threshold {
+                        deaths.push((n, at));
+                    }
+                    holds.push((at, at + span, Hold::Node(n)));
+                }
+                Event::Started | Event::Leaving => {}
+            }
         }
-        from = earlier;
+        for f in &s.faults {
+            let (from, to) = (ms(f.at()), ms(f.end()));
+            match *f {
+                Fault::Cut {
+                    from: a,
+                    to: b,
+                    proto,
+                    ..
+                } if proto != Proto::Udp => holds.push((from, to, Hold::Link(a, b))),
+                Fault::Slow { .. } | Fault::Loss { .. } => holds.push((from, to, Hold::Any)),
+                _ => {}
+            }
+        }
+        deaths.sort_by_key(|&(n, at)| (at, n));
+        Faults { deaths, holds }
+    }
+
+    /// From when a death of `node` at `at` may lose admissions (ns): `LAG`
+    /// before it, and `LAG` before any hold of its replication that
+    /// overlaps that window, back over overlapping holds.
+    fn lag_start(&self, node: usize, at: u64) -> u64 {
+        let holds_up = |h: Hold| match h {
+            Hold::Node(n) => n != node,
+            Hold::Link(a, b) => a == node || b == node,
+            Hold::Any => true,
+        };
+        let mut from = at.saturating_sub(ms(LAG));
+        loop {
+            let earlier = self
+                .holds
+                .iter()
+                .filter(|&&(f, t, h)| holds_up(h) && f < at && t + ms(LAG) >= from)
+                .map(|&(f, _, _)| f.saturating_sub(ms(LAG)))
+                .min()
+                .unwrap_or(from)
+                .min(from);
+            if earlier == from {
+                return from;
+            }
+            from = earlier;
+        }
     }
 }
 
-/// What a crash of `node` at `at` may lose of one key: its exact
-/// admissions answered as owner since the lag began, and the key's failed
-/// calls meanwhile (they may have counted).
-fn lag(s: &Schedule, calls: &[&Call], node: usize, at: u64) -> u64 {
-    let from = lag_start(s, node, at);
-    let owner = format!("n{node}");
-    calls
-        .iter()
-        .filter(|c| c.done >= from && c.sent <= at)
-        .filter(|c| {
-            (c.admitted() && c.exact().is_some() && c.owner() == Some(owner.as_str()))
-                || (c.failed() && c.hits > 0)
-        })
-        .count() as u64
+/// What one death may have lost of a key: the exact admissions its node
+/// answered as owner since the lag began, and the key's failed calls
+/// meanwhile (they may have counted — they can move a later answer's
+/// remaining up, never the admitted count).
+struct Lost {
+    at: u64,
+    admissions: Vec<usize>,
+    failed: Vec<usize>,
 }
 
-fn check_key(s: &Schedule, k: usize, key: Key, calls: &[&Call], out: &mut Vec<Violation>) {
-    let crashes = crashes(s);
-    let lags: Vec<(u64, u64)> = crashes
+fn lost(faults: &Faults, calls: &[&Call], node: usize, at: u64) -> Lost {
+    let from = faults.lag_start(node, at);
+    let owner = format!("n{node}");
+    let within = |c: &Call| c.done >= from && c.sent <= at;
+    Lost {
+        at,
+        admissions: (0..calls.len())
+            .filter(|&i| {
+                let c = calls[i];
+                within(c)
+                    && c.admitted()
+                    && c.exact().is_some()
+                    && c.owner() == Some(owner.as_str())
+            })
+            .collect(),
+        failed: (0..calls.len())
+            .filter(|&i| within(calls[i]) && calls[i].failed() && calls[i].hits > 0)
+            .collect(),
+    }
+}
+
+fn check_key(
+    s: &Schedule,
+    faults: &Faults,
+    k: usize,
+    key: Key,
+    calls: &[&Call],
+    out: &mut Vec<Violation>,
+) {
+    let losses: Vec<Lost> = faults
+        .deaths
         .iter()
-        .map(|&(n, at)| (at, lag(s, calls, n, at)))
+        .map(|&(n, at)| lost(faults, calls, n, at))
         .collect();
-    let lag_between = |from: u64, to: u64| -> u64 {
-        lags.iter()
-            .filter(|(at, _)| *at >= from && *at <= to)
-            .map(|(_, l)| l)
-            .sum()
-    };
-    let total_lag: u64 = lags.iter().map(|(_, l)| l).sum();
+    let lost_admissions: BTreeSet<usize> = losses
+        .iter()
+        .flat_map(|l| l.admissions.iter().copied())
+        .collect();
+    let total_lag = lost_admissions.len() as u64;
     let limit = key.limit as i64;
-    // 1. No rollback.
+    // 1. No rollback: for each later answer B, the earlier answers A
+    // (done before B was sent), latest first, each allowed what the deaths
+    // between them may have lost (counted once).
     let exact: Vec<(&Call, i64)> = calls
         .iter()
         .filter_map(|c| c.exact().map(|(r, _)| (*c, r)))
         .collect();
-    for (i, &(b, rb)) in exact.iter().enumerate() {
-        let worst = exact[..i]
+    'keys: for &(b, rb) in &exact {
+        let mut earlier: Vec<(&Call, i64)> = exact
             .iter()
             .filter(|(a, _)| a.done < b.sent)
-            .map(|&(a, ra)| (a, ra, ra + lag_between(a.sent, b.sent) as i64))
-            .min_by_key(|&(_, _, allowed)| allowed);
-        if let Some((a, ra, allowed)) = worst
-            && rb > allowed
-        {
-            out.push(Violation {
-                key: Some(k),
-                what: format!(
-                    "rollback: an exact answer showed remaining {rb} after one that showed {ra} (allowed {allowed} with the crash lag)\n  earlier: {a}\n  later:   {b}\n{}",
-                    around(calls, a.sent, b.done)
-                ),
-            });
-            break;
+            .copied()
+            .collect();
+        earlier.sort_by_key(|(a, _)| std::cmp::Reverse(a.sent));
+        let mut between: Vec<&Lost> = losses.iter().filter(|l| l.at <= b.sent).collect();
+        between.sort_by_key(|l| std::cmp::Reverse(l.at));
+        let mut counted = BTreeSet::new();
+        let mut next = 0;
+        for (a, ra) in earlier {
+            while next < between.len() && between[next].at >= a.sent {
+                counted.extend(between[next].admissions.iter().copied());
+                counted.extend(between[next].failed.iter().copied());
+                next += 1;
+            }
+            let allowed = ra + counted.len() as i64;
+            if rb > allowed {
+                out.push(Violation {
+                    key: Some(k),
+                    what: format!(
+                        "rollback: an exact answer showed remaining {rb} after one that showed {ra} (allowed {allowed} with the crash lag)\n  earlier: {a}\n  later:   {b}\n{}",
+                        around(calls, a.sent, b.done)
+                    ),
+                });
+                break 'keys;
+            }
         }
     }
     // 2. Over-admission.
@@ -311,6 +408,17 @@ mod tests {
         }
     }
 
+    /// The events a schedule's crashes make (every node up before).
+    fn events(s: &Schedule) -> Vec<(u64, usize, Event)> {
+        s.faults
+            .iter()
+            .filter_map(|f| match f {
+                Fault::Crash { node, at, .. } => Some((ms(*at), *node, Event::Crashed)),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Key 0's violations, by their first words.
     fn kinds(s: &Schedule, calls: Vec<Call>) -> Vec<String> {
         let limit = keys(s.seed)[0].limit as i64;
@@ -325,7 +433,7 @@ mod tests {
         }
         calls.push(answer(0, s.end + 2_000, 0, limit - admitted, "n1"));
         let history = History { calls };
-        check(s, &history)
+        check(s, &history, &events(s))
             .into_iter()
             .filter(|v| v.key == Some(0))
             .map(|v| v.what.split(':').next().unwrap_or_default().to_string())
@@ -381,7 +489,7 @@ mod tests {
             calls.push(c);
         }
         calls.push(answer(0, s.end + 2_000, 0, limit - 1, "n1"));
-        let lost = check(&s, &History { calls });
+        let lost = check(&s, &History { calls }, &[]);
         assert!(
             lost.iter()
                 .any(|v| v.key == Some(0) && v.what.starts_with("lost admissions")),
@@ -393,7 +501,7 @@ mod tests {
     fn a_key_that_never_answers_exactly_after_the_heal_fails_liveness() {
         let s = schedule(Vec::new());
         let history = History::default();
-        let found = check(&s, &history);
+        let found = check(&s, &history, &[]);
         assert!(
             found
                 .iter()

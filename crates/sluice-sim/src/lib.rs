@@ -42,6 +42,9 @@ pub struct Report {
     /// The history's hash: equal for two runs of one schedule.
     pub hash: String,
     pub violations: Vec<String>,
+    /// Restarts that listened on another port (their old one still held).
+    #[serde(default)]
+    pub moved_ports: usize,
     pub sim_secs: f64,
     pub wall_secs: f64,
 }
@@ -63,7 +66,7 @@ pub fn run_with_history(schedule: &schedule::Schedule) -> (Report, history::Hist
     let calls = &out.history.calls;
     let mut violations: Vec<String> = out.errors.iter().map(|e| format!("harness: {e}")).collect();
     violations.extend(
-        check::check(schedule, &out.history)
+        check::check(schedule, &out.history, &out.events)
             .into_iter()
             .map(|v| match v.key {
                 Some(k) => format!("key k{k}: {}", v.what),
@@ -91,6 +94,7 @@ pub fn run_with_history(schedule: &schedule::Schedule) -> (Report, history::Hist
         failed: calls.iter().filter(|c| c.failed()).count(),
         hash: format!("{:016x}", out.history.hash()),
         violations,
+        moved_ports: out.moved_ports,
         sim_secs: (schedule.end + workload::PROBE_SPAN) as f64 / 1_000.0,
         wall_secs: out.wall,
     };

@@ -42,6 +42,8 @@ fn splitmix(state: u64) -> u64 {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn getrandom(buf: *mut u8, len: usize, _flags: u32) -> isize {
     if buf.is_null() && len > 0 {
+        // SAFETY: errno is this thread's; EFAULT is what the kernel says.
+        unsafe { *libc::__errno_location() = libc::EFAULT };
         return -1;
     }
     let mut written = 0;
@@ -180,6 +182,7 @@ fn child(schedule: &Schedule) -> Report {
                     .collect::<Vec<_>>()
                     .join("\n")
             )],
+            moved_ports: 0,
             sim_secs: 0.0,
             wall_secs: 0.0,
         },
@@ -205,9 +208,19 @@ fn main() {
             key,
         } => {
             let schedule = load(seed, secs, mix, &schedule);
-            // Before anything of the run draws a random number.
+            // The run gets a thread of its own, started after the stream is
+            // seeded: std draws a thread's hash keys on its first hash map,
+            // and whatever this thread drew before (a log subscriber's maps,
+            // say) must not move the run's.
             STREAM.store(splitmix(schedule.seed ^ 0x5151), Ordering::Relaxed);
-            let (report, history) = sluice_sim::run_with_history(&schedule);
+            let (report, history) = std::thread::scope(|scope| {
+                std::thread::Builder::new()
+                    .name("sluice-sim".into())
+                    .spawn_scoped(scope, || sluice_sim::run_with_history(&schedule))
+                    .expect("a thread for the run")
+                    .join()
+                    .unwrap_or_else(|p| std::panic::resume_unwind(p))
+            });
             if let Some(k) = key {
                 for c in history.calls.iter().filter(|c| c.key == k) {
                     println!("{c}");

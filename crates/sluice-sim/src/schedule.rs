@@ -40,6 +40,11 @@ pub enum Fault {
     /// The process stops (SIGSTOP): its runtime and clocks' readings
     /// stand still while the others run; its kernel still takes packets.
     Pause { node: usize, at: u64, span: u64 },
+    /// The machine sleeps (a VM suspended, a laptop lid): as a pause, but
+    /// on waking the monotonic clock (tokio's timers) has not moved while
+    /// the boot and wall clocks have — the case presence reads the boot
+    /// clock for.
+    Suspend { node: usize, at: u64, span: u64 },
     /// Packets of `proto` from `from` to `to` are dropped (one way).
     Cut {
         from: usize,
@@ -73,6 +78,7 @@ impl Fault {
         match self {
             Fault::Crash { at, .. }
             | Fault::Pause { at, .. }
+            | Fault::Suspend { at, .. }
             | Fault::Cut { at, .. }
             | Fault::Slow { at, .. }
             | Fault::Loss { at, .. }
@@ -87,6 +93,7 @@ impl Fault {
         match self {
             Fault::Crash { at, down, .. } | Fault::Leave { at, down, .. } => at + down,
             Fault::Pause { at, span, .. }
+            | Fault::Suspend { at, span, .. }
             | Fault::Cut { at, span, .. }
             | Fault::Slow { at, span, .. }
             | Fault::Loss { at, span, .. } => at + span,
@@ -100,6 +107,7 @@ impl Fault {
             Fault::Cut { from, to, .. } => vec![*from, *to],
             Fault::Crash { node, .. }
             | Fault::Pause { node, .. }
+            | Fault::Suspend { node, .. }
             | Fault::Slow { node, .. }
             | Fault::Loss { node, .. }
             | Fault::ClockStep { node, .. }
@@ -197,7 +205,7 @@ impl Schedule {
             let kind = match mix {
                 Mix::Any => rng.u8(0..12),
                 // No node cut off from every other, no correlated pair.
-                Mix::Single => [0, 2, 4, 8, 9, 10, 11][rng.usize(..7)],
+                Mix::Single => [0, 2, 3, 4, 8, 9, 10, 11][rng.usize(..8)],
             };
             let before = faults.len();
             match kind {
@@ -206,7 +214,8 @@ impl Schedule {
                     at,
                     down: span.max(500),
                 }),
-                2 | 3 => faults.push(Fault::Pause { node, at, span }),
+                2 => faults.push(Fault::Pause { node, at, span }),
+                3 => faults.push(Fault::Suspend { node, at, span }),
                 4 => faults.push(Fault::Cut {
                     from: node,
                     to: other,
@@ -316,9 +325,13 @@ pub struct Regression {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Expect {
-    /// The run reports a violation whose text starts with this (after the
-    /// key): `rollback`, `over-admission`, `lost admissions`, `liveness`.
-    FailsWith(String),
+    /// The run reports, on `key`, a violation whose text starts with
+    /// `violation`: `rollback`, `over-admission`, `lost admissions`,
+    /// `liveness`.
+    FailsWith {
+        violation: String,
+        key: usize,
+    },
     Passes,
 }
 

@@ -5,9 +5,11 @@
 //! (its runtime runs whatever is ready and advances its clock by one tick,
 //! firing the timers due within it), then carries the packets the hosts
 //! sent through the fault rules to their destination kernels, and applies
-//! the schedule's faults that are due. Nothing else runs: no thread, no
-//! OS clock, no OS randomness reaches a node (the binary seeds `getrandom`
-//! itself, `main.rs`), so a schedule replays bit for bit.
+//! the schedule's faults that are due. Nothing else runs: no thread of a
+//! node's own, no OS clock; randomness is the run's seed (the binary
+//! answers `getrandom` itself, `main.rs`) and the stores' hash seeds and
+//! shard counts are fixed — so a schedule replays bit for bit, on any
+//! machine.
 //!
 //! A crash drops the host's runtime — every task and socket of the
 //! process, as kill -9 does — and a restart builds a new one, with the
@@ -61,9 +63,25 @@ fn index_of(ip: IpAddr) -> Option<usize> {
 enum State {
     Down,
     Up,
-    /// Since this many ns of simulated time.
-    Paused(u64),
+    /// Since this many ns of simulated time; `true`: the machine sleeps
+    /// (its monotonic clock stands still when it wakes).
+    Paused(u64, bool),
     /// Leaving (SIGTERM): runs until its leave ends.
+    Leaving,
+}
+
+/// What happened to a node's process, as applied (the checker's account
+/// of crashes and pauses: a fault on a node already down did nothing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    Started,
+    /// Killed: state lost.
+    Crashed,
+    /// Stopped, or asleep, for `span` ns (recorded when it resumes).
+    Paused {
+        span: u64,
+    },
+    /// Told to leave (SIGTERM).
     Leaving,
 }
 
@@ -78,6 +96,8 @@ struct Host {
     left: Arc<std::sync::atomic::AtomicBool>,
     /// Processes started on this host so far.
     incarnation: u64,
+    /// A start came while the node was leaving: start once it has left.
+    start_after_leave: bool,
     /// The node's gRPC port, shared with the apps.
     port: Arc<Mutex<u16>>,
 }
@@ -161,6 +181,7 @@ enum Action {
     Start(usize),
     Crash(usize),
     Pause(usize),
+    Suspend(usize),
     Resume(usize),
     Leave(usize),
     Cut(usize, usize, Proto, u64),
@@ -173,6 +194,11 @@ enum Action {
 /// What a run produced.
 pub struct Outcome {
     pub history: History,
+    /// What happened to each node's process: (ns, node, event).
+    pub events: Vec<(u64, usize, Event)>,
+    /// Restarts that found the node's gRPC port still held (see
+    /// `free_grpc_port`).
+    pub moved_ports: usize,
     /// Problems of the run itself (a node that could not start).
     pub errors: Vec<String>,
     /// Wall seconds the run took.
@@ -183,9 +209,17 @@ pub struct Outcome {
 pub fn run(schedule: &Schedule) -> Outcome {
     let started = std::time::Instant::now();
     let mut net = Net::with_config(
-        // Gossip datagrams reach 64 KiB: no fragmentation is simulated,
-        // so the MTU holds the largest.
-        KernelConfig::default().mtu(66_000),
+        KernelConfig::default()
+            // Gossip datagrams reach 64 KiB: no fragmentation is
+            // simulated, so the MTU holds the largest.
+            .mtu(66_000)
+            // Retransmission counts egress passes, one a tick: 200 ticks
+            // is Linux's minimum RTO (200 ms), so a slow link (tens of
+            // ms) is slow, not reset. 15 tries (3 s, no backoff) lets a
+            // connection stall through most cuts and resume after, as a
+            // real one does; Linux's ~15 minutes would outlive every run.
+            .retx_threshold(200)
+            .retx_max(15),
     );
     let links = Rc::new(RefCell::new(Links::default()));
     net.rule(FaultRule {
@@ -204,6 +238,7 @@ pub fn run(schedule: &Schedule) -> Outcome {
                 state: State::Down,
                 left: Arc::default(),
                 incarnation: 0,
+                start_after_leave: false,
                 port: Arc::new(Mutex::new(GRPC_PORT)),
             }
         })
@@ -212,6 +247,7 @@ pub fn run(schedule: &Schedule) -> Outcome {
     let guard = net.enter();
     let history = Arc::new(Mutex::new(History::default()));
     let errors = Arc::new(Mutex::new(Vec::new()));
+    let mut log = Log::default();
 
     // The apps' host: never faulted, its clock is the run's.
     turmoil_net::set_current(app_id);
@@ -238,12 +274,18 @@ pub fn run(schedule: &Schedule) -> Outcome {
             && *at <= now
         {
             let (_, action) = actions.remove(0);
-            apply(&mut hosts, &links, &action, now, schedule, &errors);
+            apply(
+                &mut hosts, &links, &action, now, schedule, &errors, &mut log,
+            );
         }
-        // Leaves that finished: the process exits.
-        for h in hosts.iter_mut() {
+        // Leaves that finished: the process exits (and starts again if a
+        // start came meanwhile).
+        for (n, h) in hosts.iter_mut().enumerate() {
             if h.state == State::Leaving && h.left.load(std::sync::atomic::Ordering::SeqCst) {
                 stop(h);
+                if std::mem::take(&mut h.start_after_leave) {
+                    start(h, n, now, schedule, &errors, &mut log);
+                }
             }
         }
         // Every running host, in an order drawn from the seed.
@@ -290,6 +332,10 @@ pub fn run(schedule: &Schedule) -> Outcome {
     for h in hosts.iter_mut() {
         stop(h);
     }
+    let Log {
+        events,
+        moved_ports,
+    } = log;
     turmoil_net::set_current(app_id);
     drop(app_rt);
     drop(guard);
@@ -297,6 +343,8 @@ pub fn run(schedule: &Schedule) -> Outcome {
     let errors = std::mem::take(&mut *errors.lock().unwrap_or_else(|p| p.into_inner()));
     Outcome {
         history,
+        events,
+        moved_ports,
         errors,
         wall: started.elapsed().as_secs_f64(),
     }
@@ -332,6 +380,10 @@ fn timeline(s: &Schedule) -> Vec<(u64, Action)> {
                 a.push((at, Action::Pause(node)));
                 a.push((end, Action::Resume(node)));
             }
+            Fault::Suspend { node, .. } => {
+                a.push((at, Action::Suspend(node)));
+                a.push((end, Action::Resume(node)));
+            }
             Fault::Cut {
                 from, to, proto, ..
             } => a.push((at, Action::Cut(from, to, proto, end))),
@@ -346,6 +398,14 @@ fn timeline(s: &Schedule) -> Vec<(u64, Action)> {
     a
 }
 
+/// What the run did to the nodes, for the checker.
+#[derive(Default)]
+struct Log {
+    events: Vec<(u64, usize, Event)>,
+    moved_ports: usize,
+}
+
+#[allow(clippy::too_many_arguments)]
 fn apply(
     hosts: &mut [Host],
     links: &Rc<RefCell<Links>>,
@@ -353,21 +413,36 @@ fn apply(
     now: u64,
     s: &Schedule,
     errors: &Arc<Mutex<Vec<String>>>,
+    log: &mut Log,
 ) {
     match *action {
-        Action::Start(n) => {
-            if hosts[n].state == State::Down {
-                start(&mut hosts[n], n, now, s, errors);
+        // A node that starts late starts no earlier (a crash and restart
+        // drawn before its start do nothing).
+        Action::Start(n) if now < s.start_of(n) * 1_000_000 => {}
+        Action::Start(n) => match hosts[n].state {
+            State::Down => start(&mut hosts[n], n, now, s, errors, log),
+            State::Leaving => hosts[n].start_after_leave = true,
+            State::Up | State::Paused(..) => {}
+        },
+        Action::Crash(n) => {
+            if hosts[n].state != State::Down {
+                log.events.push((now, n, Event::Crashed));
             }
+            hosts[n].start_after_leave = false;
+            stop(&mut hosts[n]);
         }
-        Action::Crash(n) => stop(&mut hosts[n]),
-        Action::Pause(n) => {
+        Action::Pause(n) | Action::Suspend(n) => {
             if hosts[n].state == State::Up {
-                hosts[n].state = State::Paused(now);
+                hosts[n].state = State::Paused(now, matches!(action, Action::Suspend(_)));
             }
         }
-        Action::Resume(n) => resume(&mut hosts[n], now),
-        Action::Leave(n) => leave(&mut hosts[n]),
+        Action::Resume(n) => resume(&mut hosts[n], n, now, log),
+        Action::Leave(n) => {
+            if hosts[n].state == State::Up {
+                log.events.push((now, n, Event::Leaving));
+            }
+            leave(&mut hosts[n]);
+        }
         Action::Cut(f, t, p, until) => links.borrow_mut().cuts.push((f, t, p, until)),
         Action::Slow(n, d, until) => links.borrow_mut().slow.push((n, d, until)),
         Action::Loss(n, p, until) => links.borrow_mut().loss.push((n, p, until)),
@@ -381,9 +456,10 @@ fn apply(
             }
             for (n, h) in hosts.iter_mut().enumerate() {
                 match h.state {
-                    State::Paused(_) => resume(h, now),
-                    State::Down => start(h, n, now, s, errors),
-                    State::Up | State::Leaving => {}
+                    State::Paused(..) => resume(h, n, now, log),
+                    State::Down => start(h, n, now, s, errors, log),
+                    State::Leaving => h.start_after_leave = true,
+                    State::Up => {}
                 }
             }
         }
@@ -417,6 +493,7 @@ pub fn config(n: usize, s: &Schedule) -> Config {
 /// listen again at once): a restart then listens on the next port, and
 /// peers learn it by gossip, as they would a new address.
 fn free_grpc_port(rt: &tokio::runtime::Runtime, n: usize) -> u16 {
+    // Within the host's runtime: the socket calls go to its kernel.
     rt.block_on(async {
         for k in 0..50u16 {
             let port = GRPC_PORT + 100 * k;
@@ -432,10 +509,19 @@ fn free_grpc_port(rt: &tokio::runtime::Runtime, n: usize) -> u16 {
     })
 }
 
-fn start(h: &mut Host, n: usize, now: u64, s: &Schedule, errors: &Arc<Mutex<Vec<String>>>) {
+fn start(
+    h: &mut Host,
+    n: usize,
+    now: u64,
+    s: &Schedule,
+    errors: &Arc<Mutex<Vec<String>>>,
+    log: &mut Log,
+) {
     turmoil_net::set_current(h.id);
     let rt = runtime();
     let port = free_grpc_port(&rt, n);
+    log.events.push((now, n, Event::Started));
+    log.moved_ports += usize::from(port != GRPC_PORT);
     lock(&h.port).clone_from(&port);
     h.incarnation += 1;
     h.left.store(false, std::sync::atomic::Ordering::SeqCst);
@@ -484,10 +570,15 @@ fn stop(h: &mut Host) {
     h.state = State::Down;
 }
 
-fn resume(h: &mut Host, now: u64) {
-    if let State::Paused(since) = h.state {
+fn resume(h: &mut Host, n: usize, now: u64, log: &mut Log) {
+    if let State::Paused(since, slept) = h.state {
         h.state = State::Up;
-        if let Some(rt) = &h.rt {
+        log.events
+            .push((since, n, Event::Paused { span: now - since }));
+        if slept {
+            // The monotonic clock stood still; boot and wall clocks ran.
+            h.clock.slept(now - since);
+        } else if let Some(rt) = &h.rt {
             turmoil_net::set_current(h.id);
             let gap = Duration::from_nanos(now - since);
             rt.block_on(async move { tokio::time::advance(gap).await });

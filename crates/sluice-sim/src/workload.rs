@@ -204,22 +204,23 @@ pub async fn drive(apps: Apps) {
         }));
     }
     // Liveness: from shortly after the last heal, every key through every
-    // node until it answers exactly (or the window closes).
+    // node, each pair on its own, until it answers exactly (or the window
+    // closes).
     for key in 0..KEYS {
-        let apps = apps.clone();
-        let s = s.clone();
-        tasks.push(tokio::spawn(async move {
-            apps.until(s.heal + 1_000).await;
-            let deadline = (s.heal + LIVENESS) * 1_000_000;
-            for node in 0..s.nodes {
+        for node in 0..s.nodes {
+            let apps = apps.clone();
+            let s = s.clone();
+            tasks.push(tokio::spawn(async move {
+                apps.until(s.heal + 1_000).await;
+                let deadline = (s.heal + LIVENESS) * 1_000_000;
                 while apps.now() < deadline {
                     if apps.call(key, node, 0).await.exact().is_some() {
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
-            }
-        }));
+            }));
+        }
     }
     for t in tasks {
         let _ = t.await;

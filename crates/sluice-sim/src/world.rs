@@ -40,6 +40,9 @@ pub struct HostClock {
     boot_zero: u64,
     /// Skew and steps of the wall clock (ns).
     wall_offset: AtomicI64,
+    /// Time the machine slept (ns): the boot and wall clocks counted it,
+    /// the runtime's (monotonic) clock did not.
+    slept: AtomicU64,
 }
 
 impl HostClock {
@@ -51,7 +54,8 @@ impl HostClock {
         })
     }
 
-    /// The boot clock at simulated time `now` (ns).
+    /// The boot clock at simulated time `now` (ns): the host's clock runs
+    /// with the simulation's whatever it did (slept included).
     pub fn boot_at(&self, now: u64) -> u64 {
         self.boot_zero + now
     }
@@ -59,13 +63,20 @@ impl HostClock {
     /// A runtime starts (a process starts) on this host, its boot clock
     /// reading `boot`. Call inside the runtime.
     pub fn started(&self, boot: u64) {
-        self.boot_base.store(boot, Ordering::SeqCst);
+        self.boot_base
+            .store(boot - self.slept.load(Ordering::SeqCst), Ordering::SeqCst);
         *self.start.lock().unwrap_or_else(|p| p.into_inner()) = Some(tokio::time::Instant::now());
     }
 
     /// Step the wall clock by `by` ns (an NTP step, a VM restore).
     pub fn step(&self, by: i64) {
         self.wall_offset.fetch_add(by, Ordering::SeqCst);
+    }
+
+    /// The machine slept `ns`: its boot and wall clocks jump, its
+    /// monotonic clock does not.
+    pub fn slept(&self, ns: u64) {
+        self.slept.fetch_add(ns, Ordering::SeqCst);
     }
 
     fn boot(&self) -> u64 {
@@ -75,7 +86,7 @@ impl HostClock {
                 .saturating_duration_since(s)
                 .as_nanos() as u64
         });
-        self.boot_base.load(Ordering::SeqCst) + ran
+        self.boot_base.load(Ordering::SeqCst) + ran + self.slept.load(Ordering::SeqCst)
     }
 }
 
