@@ -111,6 +111,13 @@ pub struct Limits {
     pub idle_connection_timeout: Duration,
     /// Concurrent HTTP/2 streams (calls) per connection.
     pub max_concurrent_streams: u32,
+    /// Bytes of gRPC messages being received at once, node-wide, all
+    /// listeners together (at least `max_message_bytes`): a message is
+    /// counted from its first bytes until it is decoded, so concurrent
+    /// large calls cannot make the node buffer connections × streams ×
+    /// `max_message_bytes` before admission; beyond it a call is refused
+    /// with `RESOURCE_EXHAUSTED`.
+    pub max_inbound_bytes: usize,
 }
 
 /// Who may reset, inspect and list keys (`sluice.v1.Admin`). Apps must
@@ -406,6 +413,7 @@ impl Default for Limits {
             max_connections: 10_000,
             idle_connection_timeout: Duration::from_secs(300),
             max_concurrent_streams: 1_000,
+            max_inbound_bytes: 64 * 1024 * 1024,
         }
     }
 }

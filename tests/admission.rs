@@ -307,3 +307,107 @@ async fn an_unreadable_http_body_is_a_bad_request_not_too_large() {
     );
     assert!(n.node.limiter.store().is_empty());
 }
+
+/// Issue 39, item 5: bytes of messages being received are bounded
+/// node-wide before tonic buffers them (`limits.max_inbound_bytes`). A raw
+/// HTTP/2 client opens calls that announce 400,000-byte messages and send
+/// a few bytes of each: two fit in a 1 MiB budget, the third is refused at
+/// once with RESOURCE_EXHAUSTED, a small call still goes through, and once
+/// the held calls go away a large one fits again.
+#[tokio::test(flavor = "multi_thread")]
+async fn half_sent_messages_are_bounded_before_they_are_decoded() {
+    let mut c = config();
+    c.limits.max_message_bytes = 512 * 1024;
+    c.limits.max_inbound_bytes = 1024 * 1024;
+    let node = start(c).await;
+    let tcp = tokio::net::TcpStream::connect(node.node.grpc_addr)
+        .await
+        .unwrap();
+    let (mut h2, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut open = |announced: u32| {
+        let request = http::Request::post(format!(
+            "http://{}/sluice.v1.RateLimiter/Check",
+            node.node.grpc_addr
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+        let (response, mut body) = h2.send_request(request, false).unwrap();
+        let mut head = vec![0u8];
+        head.extend_from_slice(&announced.to_be_bytes());
+        head.extend_from_slice(&[0x0a, 0x00]);
+        body.send_data(head.into(), false).unwrap();
+        (response, body)
+    };
+    let held = [open(400_000), open(400_000)];
+    let resources = node.node.limiter.metrics().resources.clone();
+    eventually(
+        "the two half-sent messages held",
+        Duration::from_secs(10),
+        || {
+            let held = resources.inbound_bytes();
+            async move { held == 800_000 }
+        },
+    )
+    .await;
+    let (refused, _body) = open(400_000);
+    let refused = tokio::time::timeout(Duration::from_secs(10), refused)
+        .await
+        .expect("the third call is answered at once")
+        .unwrap();
+    let status = refused
+        .headers()
+        .get("grpc-status")
+        .map(|v| v.to_str().unwrap().to_string());
+    let trailers_status = if status.is_none() {
+        let mut body = refused.into_body();
+        tokio::time::timeout(Duration::from_secs(10), body.trailers())
+            .await
+            .expect("its trailers at once")
+            .unwrap()
+            .and_then(|t| {
+                t.get("grpc-status")
+                    .map(|v| v.to_str().unwrap().to_string())
+            })
+    } else {
+        status
+    };
+    assert_eq!(
+        trailers_status.as_deref(),
+        Some("8"),
+        "RESOURCE_EXHAUSTED for the third"
+    );
+    assert_eq!(resources.exhausted_count("inbound_bytes"), 1);
+    // A small call fits beside the two held ones.
+    let small = tokio::time::timeout(
+        Duration::from_secs(10),
+        node.check(inline("small", "k", 10, 60_000)),
+    )
+    .await
+    .expect("a small call answered");
+    assert!(under(&small), "{small:?}");
+    drop(held);
+    drop(h2);
+    // The held calls' bytes are given back once their streams are gone.
+    let big = pb::CheckRequest {
+        requests: (0..1_000)
+            .map(|i| {
+                let mut r = inline("big", &format!("{i:0>200}"), 10, 60_000);
+                r.hits = Some(0);
+                r
+            })
+            .collect(),
+    };
+    eventually(
+        "room for a large call again",
+        Duration::from_secs(10),
+        || {
+            let mut client = node.client();
+            let big = big.clone();
+            async move { client.check(big).await.is_ok() }
+        },
+    )
+    .await;
+}

@@ -141,6 +141,11 @@ fn errors_name_the_key() {
             "[limits]\nsweep_interval = \"0s\"\n",
             "limits.sweep_interval: must be greater than zero",
         ),
+        // A budget of message bytes that no whole message fits.
+        (
+            "[limits]\nmax_message_bytes = 1000\nmax_inbound_bytes = 999\n",
+            "limits.max_inbound_bytes: must be at least limits.max_message_bytes (1000)",
+        ),
     ];
     for (body, key) in cases {
         let file = write(&dir, body);

@@ -26,6 +26,12 @@ impl Config {
                 return Err(ConfigError(format!("{key}: must be greater than zero")));
             }
         }
+        if l.max_inbound_bytes < l.max_message_bytes {
+            return Err(ConfigError(format!(
+                "limits.max_inbound_bytes: must be at least limits.max_message_bytes ({}), got {}",
+                l.max_message_bytes, l.max_inbound_bytes
+            )));
+        }
         // The table numbers its slots with u32s (`store/table.rs`), and a
         // billion keys is already ~150 GB.
         for (key, v) in [

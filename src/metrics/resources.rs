@@ -18,6 +18,8 @@ use tokio::sync::Semaphore;
 pub struct Resources {
     bounds: Mutex<Vec<(&'static str, u64)>>,
     listeners: Mutex<Vec<(&'static str, Arc<Semaphore>, usize)>>,
+    /// The budget of message bytes being received (`service/inbound.rs`).
+    inbound: Mutex<Option<(Arc<Semaphore>, usize)>>,
     exhausted: Family<Vec<(&'static str, &'static str)>, Counter>,
     idle_closed: Family<Vec<(&'static str, &'static str)>, Counter>,
 }
@@ -36,6 +38,26 @@ impl Resources {
             l.retain(|(n, _, _)| *n != name);
             l.push((name, permits, max));
         }
+    }
+
+    /// The budget of gRPC message bytes being received: in use is `max -
+    /// available permits`.
+    pub fn inbound(&self, permits: Arc<Semaphore>, max: usize) {
+        if let Ok(mut i) = self.inbound.lock() {
+            *i = Some((permits, max));
+        }
+    }
+
+    /// Bytes of gRPC messages being received now.
+    pub fn inbound_bytes(&self) -> u64 {
+        self.inbound
+            .lock()
+            .ok()
+            .and_then(|i| {
+                i.as_ref()
+                    .map(|(p, max)| max.saturating_sub(p.available_permits()))
+            })
+            .unwrap_or(0) as u64
     }
 
     /// Work refused because `resource` was at its bound.
@@ -100,6 +122,14 @@ impl Collector for ResourcesCollector {
         for (name, open) in listeners {
             ConstGauge::new(open as i64).encode(family.encode_family(&[("listener", name)])?)?;
         }
+        ConstGauge::new(i64::try_from(r.inbound_bytes()).unwrap_or(i64::MAX)).encode(
+            encoder.encode_descriptor(
+                "sluice_inbound_bytes",
+                "Bytes of gRPC messages being received, bounded by limits.max_inbound_bytes",
+                None,
+                MetricType::Gauge,
+            )?,
+        )?;
         r.exhausted.encode(encoder.encode_descriptor(
             "sluice_resource_exhausted",
             "Work refused at a resource bound, by resource",

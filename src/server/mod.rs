@@ -604,6 +604,7 @@ fn bounds_of(config: &Config) -> Vec<(&'static str, u64)> {
         ("max_batch", n(l.max_batch)),
         ("max_key_bytes", n(l.max_key_bytes)),
         ("max_message_bytes", n(l.max_message_bytes)),
+        ("max_inbound_bytes", n(l.max_inbound_bytes)),
         ("max_in_flight_checks", n(l.max_in_flight_checks)),
         ("max_connections", n(l.max_connections)),
         (

@@ -78,6 +78,8 @@ pub struct Services {
     /// the peer listener): else the peer API is not served.
     peer_authenticated: bool,
     max_streams: u32,
+    /// Bytes of messages being received, node-wide (`inbound.rs`).
+    inbound: super::inbound::Inbound,
     idle_timeout: std::time::Duration,
     resources: Arc<Resources>,
     /// The status page's routes (`status`), for the admin listener.
@@ -130,6 +132,10 @@ impl Services {
             peer_authenticated: config.cluster.secret_bytes()?.is_some()
                 || (config.cluster.tls.is_some() && config.cluster.peer_addr.is_some()),
             max_streams: config.limits.max_concurrent_streams,
+            inbound: super::inbound::Inbound::new(
+                config.limits.max_inbound_bytes,
+                limiter.metrics().resources.clone(),
+            ),
             idle_timeout: config.limits.idle_connection_timeout,
             resources: limiter.metrics().resources.clone(),
             status: None,
@@ -194,7 +200,10 @@ impl Services {
                 move |r: http::Response<tonic::body::Body>| {
                     exhausted_not_out_of_range(r, &resources)
                 },
-            ));
+            ))
+            // Innermost: a message's bytes are counted as they arrive,
+            // before tonic buffers and decodes it.
+            .layer(self.inbound.clone());
         let routes = status.map(tonic::service::Routes::from).unwrap_or_default();
         let mut router = builder.add_routes(routes).add_service(self.health.clone());
         if matches!(api, Api::All | Api::Public) {

@@ -23,6 +23,7 @@ pub mod grpc;
 pub use sluice_api::headers;
 pub mod http;
 pub mod idle;
+pub mod inbound;
 pub mod listener;
 pub mod operator;
 pub mod peer;
