@@ -331,6 +331,28 @@ impl Leases {
         self.queue(&mut table, key, spec, hits, 1, now);
     }
 
+    /// [`Leases::record`] for several keys at once, all or none: false,
+    /// with nothing recorded, when the keys not yet queued would take the
+    /// table past its bound. For spending this node did not admit itself
+    /// (an app's report), whose keys no admission check of its own bounded.
+    pub fn record_all(&self, items: &[(Vec<u8>, Spec, u64)], now: Nanos) -> bool {
+        let mut table = self.table();
+        let mut new: Vec<&[u8]> = items
+            .iter()
+            .map(|(k, _, _)| k.as_slice())
+            .filter(|k| !table.pending.contains_key(*k))
+            .collect();
+        new.sort_unstable();
+        new.dedup();
+        if table.pending.len().saturating_add(new.len()) > self.inner.max_pending {
+            return false;
+        }
+        for (key, spec, hits) in items {
+            self.queue(&mut table, key, spec, *hits, 1, now);
+        }
+        true
+    }
+
     /// [`Leases::record`], for hits that cost `scale` tokens each of the
     /// remembered answer; the key's entry, for the caller to mark.
     fn queue<'t>(

@@ -15,6 +15,7 @@
 //! one after (the grant): a caller gone mid-ask leaves either nothing or
 //! a whole step done.
 
+use super::tiered::{APPS_CLOSED, APPS_NOT_GRANTING, APPS_OPEN};
 use super::{ItemError, Limiter, Verdict};
 use crate::algorithm::Nanos;
 use crate::store::key;
@@ -99,9 +100,14 @@ impl Limiter {
             self.resolve(&check, &policies)?.tiered
         };
         let on = tiered && self.shared.tiers.client_allotments_on();
+        // A leaving node takes back what apps return but passes nothing on:
+        // what it grants now could be spent after its last report.
+        let granting = on && self.shared.tiers.apps() == APPS_OPEN;
         let asked_at = self.now();
         if on {
             self.take_back(&check, client, unused, unreported);
+        }
+        if granting {
             // This node's allotment ends too soon to pass any of it on
             // (sub-grants end a report interval before it): end it now, so
             // this check asks the owner for the next one rather than the
@@ -125,7 +131,7 @@ impl Limiter {
             paced: 0,
             paced_after: 0,
         };
-        if !on {
+        if !granting {
             return Ok(allotted);
         }
         let now = self.now();
@@ -136,9 +142,15 @@ impl Limiter {
         let grant = key::with_encoded(&name, &unique_key, |k| {
             let tiers = &self.shared.tiers;
             let pool = tiers.allotments().live(k, now)?;
-            let (g, released) = tiers
-                .subgrants()?
-                .grant(k, client, demand, (pool, paced), now);
+            let (g, released) = {
+                let mut subgrants = tiers.subgrants()?;
+                // Checked again under the lock: the node may have begun to
+                // leave while this ask was decided.
+                if tiers.apps() != APPS_OPEN {
+                    return None;
+                }
+                subgrants.grant(k, client, demand, (pool, paced), now)
+            };
             let taken = {
                 let mut allotments = tiers.allotments();
                 allotments.keep(k, released);
@@ -196,9 +208,24 @@ impl Limiter {
     }
 
     /// An app's report of what it spent: applied once per `seq`, each
-    /// item's hits recorded as this node's own lease spending (reported to
+    /// item's hits booked as this node's own lease spending (reported to
     /// the key's owner with the node's next report, absorbed here if this
     /// node owns the key).
+    ///
+    /// Spending is booked whether or not this node knows the app's
+    /// sub-grant of the key: it was spent, and a node restarted since it
+    /// granted (or that forgot the app) is the only one the app reports
+    /// it to. Acknowledging it unbooked would lose it for good. A resend
+    /// the node no longer recognises then counts twice — refusing too
+    /// much, never admitting too much. Booking needs no privilege a check
+    /// lacks (a check spends any key too), and the table it grows is
+    /// bounded: a report that would take it past its bound is booked not
+    /// at all and answered "retry".
+    ///
+    /// One synchronous step under the sub-grants' lock, the number marked
+    /// applied only once every item is booked: a report is booked whole or
+    /// not at all, and a leaving node that closed to apps has none
+    /// half-booked.
     pub fn client_report(
         &self,
         client: &str,
@@ -206,59 +233,91 @@ impl Limiter {
         items: Vec<Result<super::Check, ItemError>>,
     ) -> ClientAck {
         let now = self.now();
-        let ack = {
-            let Some(mut subgrants) = self.shared.tiers.subgrants() else {
-                return self.counted(ClientAck::Retry);
-            };
-            match subgrants.fresh(client, seq, now) {
-                Some(true) => {}
-                Some(false) => return self.counted(ClientAck::Duplicate),
-                None => return self.counted(ClientAck::Retry),
-            }
-            drop(subgrants);
-            let policies = self.shared.policies.load_full();
-            let mut errors = Vec::new();
-            for item in items {
-                let resolved = item.and_then(|c| {
-                    let spec = self.resolve(&c, &policies)?.spec;
-                    Ok((c, spec))
-                });
-                let (check, spec) = match resolved {
-                    Ok(r) => r,
-                    Err(e) => {
-                        errors.push(e);
-                        continue;
-                    }
-                };
-                let hits = check.request.hits;
-                if hits == 0 {
-                    continue;
-                }
-                // Only keys this client holds (or held) sub-grants of: the
-                // node reports spending as its own, so a report naming
-                // any key would let an app spend any key, and grow the
-                // node's table of unreported spending without bound.
-                let known = key::with_encoded(&check.name, &check.unique_key, |k| {
-                    let known = self
-                        .shared
-                        .tiers
-                        .subgrants()
-                        .is_some_and(|mut s| s.reported(k, client, hits));
-                    if known {
-                        self.shared.leases.record(k, &spec, hits, now);
-                    }
-                    known
-                });
-                if !known {
-                    errors.push(ItemError::new(
-                        "spent",
-                        "no allotment of this key was passed to this client",
-                    ));
-                }
-            }
-            ClientAck::Applied(errors)
+        let tiers = &self.shared.tiers;
+        let Some(mut subgrants) = tiers.subgrants() else {
+            return self.counted(ClientAck::Retry);
         };
-        self.counted(ack)
+        if tiers.apps() == APPS_CLOSED {
+            drop(subgrants);
+            return self.counted(ClientAck::Retry);
+        }
+        match subgrants.fresh(client, seq, now) {
+            Some(true) => {}
+            Some(false) => {
+                drop(subgrants);
+                return self.counted(ClientAck::Duplicate);
+            }
+            None => {
+                drop(subgrants);
+                return self.counted(ClientAck::Retry);
+            }
+        }
+        let policies = self.shared.policies.load_full();
+        let mut errors = Vec::new();
+        let mut booked = Vec::with_capacity(items.len());
+        for item in items {
+            let resolved = item.and_then(|c| {
+                let spec = self.resolve(&c, &policies)?.spec;
+                Ok((c, spec))
+            });
+            match resolved {
+                Ok((check, spec)) if check.request.hits > 0 => {
+                    let k = key::encode(&check.name, &check.unique_key);
+                    booked.push((k, spec, check.request.hits));
+                }
+                Ok(_) => {}
+                Err(e) => errors.push(e),
+            }
+        }
+        if !self.shared.leases.record_all(&booked, now) {
+            drop(subgrants);
+            return self.counted(ClientAck::Retry);
+        }
+        let mut unknown = 0u64;
+        for (k, _, hits) in &booked {
+            if !subgrants.reported(k, client, *hits) {
+                unknown = unknown.saturating_add(*hits);
+            }
+        }
+        subgrants.applied(client, seq);
+        drop(subgrants);
+        if unknown > 0 {
+            self.shared
+                .metrics
+                .cluster
+                .client_unknown_spent
+                .inc_by(unknown);
+        }
+        self.counted(ClientAck::Applied(errors))
+    }
+
+    /// This node is leaving: it passes no more of its allotments to apps.
+    /// Their reports, and what they give back, are still taken.
+    pub fn stop_granting_to_apps(&self) {
+        self.shared.tiers.set_apps(APPS_NOT_GRANTING);
+    }
+
+    /// What apps hold of this node's allotments: granted, not yet reported
+    /// or given back, and not lapsed past the grace (their last reports
+    /// may still come). Releases what lapsed.
+    pub fn apps_outstanding(&self) -> u64 {
+        self.settle_subgrants()
+    }
+
+    /// How long an app may hold a sub-grant given now, and report it late:
+    /// a leaving node that stopped granting waits at most this for apps.
+    pub fn apps_settle_within(&self) -> std::time::Duration {
+        let t = &self.shared.tiers.terms;
+        std::time::Duration::from_nanos(t.ttl.saturating_add(t.grace))
+    }
+
+    /// Book no more app reports (each is answered "retry"): this node's
+    /// last report round is next, and spending booked after it would be
+    /// acknowledged and never sent. On return no report is half-booked.
+    pub fn close_to_apps(&self) {
+        let tiers = &self.shared.tiers;
+        let _booking = tiers.subgrants();
+        tiers.set_apps(APPS_CLOSED);
     }
 
     fn counted(&self, ack: ClientAck) -> ClientAck {

@@ -12,7 +12,7 @@
 //! (`reserved`), so the key's consumption plus its promises never exceed
 //! what the limit leaves.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{Limiter, Path, Resolved, Topology, Verdict};
@@ -46,6 +46,13 @@ impl Drop for PacedAsk {
     }
 }
 
+/// Apps are passed allotments and their reports booked.
+pub(super) const APPS_OPEN: u8 = 0;
+/// Leaving: no more allotments passed on; reports still booked.
+pub(super) const APPS_NOT_GRANTING: u8 = 1;
+/// About to stop: reports are answered "retry", never booked unsent.
+pub(super) const APPS_CLOSED: u8 = 2;
+
 /// The tiered state of one node: its allotments as an edge, its ledgers as
 /// an owner. Both bounded.
 pub(super) struct Tiers {
@@ -58,6 +65,11 @@ pub(super) struct Tiers {
     subgrants: Option<Mutex<SubGrants>>,
     /// How long before this node's allotment its sub-grants end.
     client_lead: Nanos,
+    /// What this node does for apps: [`APPS_OPEN`], then, leaving,
+    /// [`APPS_NOT_GRANTING`] and [`APPS_CLOSED`] (see `server/shutdown.rs`).
+    /// Set to closed under the sub-grants' lock, which a report holds while
+    /// it books: once set, no report is half-booked.
+    apps: AtomicU8,
     /// Ledgers held: while none, an exact decision skips the lookup.
     ledger_count: AtomicUsize,
     pub(super) terms: Terms,
@@ -78,6 +90,7 @@ impl Tiers {
                 Mutex::new(SubGrants::new(caps, terms, lead))
             }),
             ledger_count: AtomicUsize::new(0),
+            apps: AtomicU8::new(APPS_OPEN),
             client_lead: clients.map_or(0, |(_, lead)| lead),
             terms,
             report_soon: Arc::new(tokio::sync::Notify::new()),
@@ -91,6 +104,16 @@ impl Tiers {
     /// Whether this node passes allotments on to apps (no lock taken).
     pub(super) fn client_allotments_on(&self) -> bool {
         self.subgrants.is_some()
+    }
+
+    /// Where this node stands with apps ([`APPS_OPEN`] and after).
+    pub(super) fn apps(&self) -> u8 {
+        self.apps.load(Ordering::Acquire)
+    }
+
+    /// Move on to `state` (never back).
+    pub(super) fn set_apps(&self, state: u8) {
+        self.apps.fetch_max(state, Ordering::AcqRel);
     }
 
     /// How long before this node's allotment of a key its sub-grants end.

@@ -106,6 +106,10 @@ pub struct ClusterMetrics {
     pub client_granted_tokens: Counter,
     pub client_outstanding: Gauge,
     pub client_reports: Family<Vec<(&'static str, &'static str)>, Counter>,
+    /// Hits apps reported of keys this node holds no sub-grant of theirs
+    /// for (granted before it restarted, or forgotten): booked all the
+    /// same.
+    pub client_unknown_spent: Counter,
 }
 
 impl ClusterMetrics {
@@ -157,6 +161,7 @@ impl ClusterMetrics {
             client_granted_tokens: Counter::default(),
             client_outstanding: Gauge::default(),
             client_reports: Family::default(),
+            client_unknown_spent: Counter::default(),
         }
     }
 
@@ -280,6 +285,11 @@ impl ClusterMetrics {
             "sluice_client_allotment_reports",
             "App spending reports, by acknowledgement (applied, duplicate, retry, invalid)",
             self.client_reports.clone(),
+        );
+        registry.register(
+            "sluice_client_allotment_unknown_spent",
+            "Hits apps reported of keys this node passed them no allotment of in this run (it restarted, or forgot the app), booked all the same",
+            self.client_unknown_spent.clone(),
         );
         registry.register(
             "sluice_peer_rpcs",

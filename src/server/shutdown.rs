@@ -10,8 +10,17 @@ impl Node {
     /// rings at once and ask it for their keys), keep answering — sending
     /// callers to the new owners — until every new owner has taken its keys
     /// (at least `leave_grace`, at most `handoff_timeout`), push what was
-    /// not taken, send the last lease reports, then stop everything.
+    /// not taken, take apps' last reports, send the last lease reports,
+    /// then stop everything.
+    ///
+    /// Apps are passed no more allotments from the start; their reports
+    /// are booked until every sub-grant was reported, given back or lapsed
+    /// (at most a sub-grant's life and grace), then answered "retry" — so
+    /// no app spending is acknowledged that the last report round does not
+    /// carry.
     pub async fn leave(self) {
+        self.limiter.stop_granting_to_apps();
+        let apps_until = tokio::time::Instant::now() + self.limiter.apps_settle_within();
         self.readiness.set_serving(false).await;
         self.membership.set_state(Lifecycle::Leaving).await;
         let started = tokio::time::Instant::now();
@@ -26,6 +35,10 @@ impl Node {
             .limiter
             .hand_off(within.max(Duration::from_millis(500)))
             .await;
+        while tokio::time::Instant::now() < apps_until && self.limiter.apps_outstanding() > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.limiter.close_to_apps();
         // The last lease reports, retried (an owner's breaker may still be
         // cooling down from a fault just healed) until each is
         // acknowledged or the handoff's time is up.
@@ -44,6 +57,7 @@ impl Node {
             pushed = handoff.keys,
             confirmed = handoff.confirmed,
             reports = acked,
+            apps_outstanding = self.limiter.apps_outstanding(),
             unreported = self.limiter.leases().unreported(),
             "left"
         );

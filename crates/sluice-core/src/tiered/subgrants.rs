@@ -170,8 +170,10 @@ impl SubGrants {
     }
 
     /// `client` reported `hits` of `key` spent (its report applied once).
-    /// False when it holds no standing for the key (never granted it, or
-    /// long forgotten): the caller does not count such spending.
+    /// False when it holds no standing for the key (never granted it here,
+    /// long forgotten, or granted by this node's run before a restart):
+    /// the caller still books the spending as its own — it was spent — and
+    /// only its standing here is untouched.
     pub fn reported(&mut self, key: &[u8], client: &str, hits: u64) -> bool {
         match self.keys.get_mut(key) {
             Some(l) if l.knows(client) => {
@@ -194,21 +196,27 @@ impl SubGrants {
     }
 
     /// Whether report `seq` of `client` is new: Some(true) to apply it
-    /// now, Some(false) for a resend of one already applied. Numbers only
-    /// grow: a client has one report in flight and cuts the next only once
-    /// this one is acknowledged. A client the node does not know (forgotten,
-    /// or the node restarted) starts from this number. None when the table
-    /// of clients is full: not applied, so the client resends it later.
+    /// now (then [`SubGrants::applied`] once it is booked), Some(false)
+    /// for a resend of one already applied. Numbers only grow: a client
+    /// has one report in flight and cuts the next only once this one is
+    /// acknowledged. A client the node does not know (forgotten, or the
+    /// node restarted) starts from this number. None when the table of
+    /// clients is full: not applied, so the client resends it later.
     pub fn fresh(&mut self, client: &str, seq: u64, now: Nanos) -> Option<bool> {
         if !self.admit_client(client, now) {
             return None;
         }
-        let c = self.clients.get_mut(client)?;
-        if seq <= c.last_seq {
-            return Some(false);
+        let c = self.clients.get(client)?;
+        Some(seq > c.last_seq)
+    }
+
+    /// Report `seq` of `client` was booked: a resend of it is a duplicate.
+    /// Separate from [`SubGrants::fresh`] so that a report the node could
+    /// not book (its table of spending full) is not remembered as applied.
+    pub fn applied(&mut self, client: &str, seq: u64) {
+        if let Some(c) = self.clients.get_mut(client) {
+            c.last_seq = c.last_seq.max(seq);
         }
-        c.last_seq = seq;
-        Some(true)
     }
 
     /// The client demand of `key` (hits per second), for the node's own
@@ -387,18 +395,31 @@ mod tests {
     #[test]
     fn a_report_number_applies_once() {
         let mut s = subgrants();
-        assert_eq!(s.fresh("a", 1, 0), Some(true));
-        assert_eq!(s.fresh("a", 1, MS), Some(false));
+        let apply = |s: &mut SubGrants, c: &str, seq: u64, now: Nanos| {
+            let fresh = s.fresh(c, seq, now);
+            if fresh == Some(true) {
+                s.applied(c, seq);
+            }
+            fresh
+        };
+        assert_eq!(apply(&mut s, "a", 1, 0), Some(true));
+        assert_eq!(apply(&mut s, "a", 1, MS), Some(false));
+        // Found new but not booked (no `applied`): still new when resent.
         assert_eq!(s.fresh("a", 2, MS), Some(true));
-        assert_eq!(s.fresh("a", 1, MS), Some(false));
-        assert_eq!(s.fresh("b", 1, MS), Some(true), "numbers are per client");
-        assert_eq!(s.fresh("c", 1, MS), Some(true));
+        assert_eq!(apply(&mut s, "a", 2, MS), Some(true));
+        assert_eq!(apply(&mut s, "a", 1, MS), Some(false));
+        assert_eq!(
+            apply(&mut s, "b", 1, MS),
+            Some(true),
+            "numbers are per client"
+        );
+        assert_eq!(apply(&mut s, "c", 1, MS), Some(true));
         // Three clients remembered: a fourth's report is not applied (it
         // is resent), rather than applied with no number kept.
-        assert_eq!(s.fresh("d", 1, MS), None);
+        assert_eq!(apply(&mut s, "d", 1, MS), None);
         // Forgotten once idle past the memory: room again.
         s.sweep(CLIENT_MEMORY + 2 * MS);
-        assert_eq!(s.fresh("d", 1, CLIENT_MEMORY + 2 * MS), Some(true));
+        assert_eq!(apply(&mut s, "d", 1, CLIENT_MEMORY + 2 * MS), Some(true));
     }
 
     #[test]
