@@ -309,11 +309,13 @@ async fn an_unreadable_http_body_is_a_bad_request_not_too_large() {
 }
 
 /// Issue 39, item 5: bytes of messages being received are bounded
-/// node-wide before tonic buffers them (`limits.max_inbound_bytes`). A raw
-/// HTTP/2 client opens calls that announce 400,000-byte messages and send
-/// a few bytes of each: two fit in a 1 MiB budget, the third is refused at
-/// once with RESOURCE_EXHAUSTED, a small call still goes through, and once
-/// the held calls go away a large one fits again.
+/// node-wide before tonic buffers them (`limits.max_inbound_bytes`),
+/// charged as they arrive. A raw HTTP/2 client announces a 500,000-byte
+/// message and sends none of it (holding nothing), then opens calls that
+/// send all but the last byte of 400,000-byte messages: two fit in a 1 MiB
+/// budget, a third's bytes are refused at once with RESOURCE_EXHAUSTED, a
+/// small call still goes through, and once the held calls go away a large
+/// one fits again.
 #[tokio::test(flavor = "multi_thread")]
 async fn half_sent_messages_are_bounded_before_they_are_decoded() {
     let mut c = config();
@@ -325,7 +327,7 @@ async fn half_sent_messages_are_bounded_before_they_are_decoded() {
         .unwrap();
     let (mut h2, connection) = h2::client::handshake(tcp).await.unwrap();
     tokio::spawn(connection);
-    let mut open = |announced: u32| {
+    let mut open = |announced: u32, sent: usize| {
         let request = http::Request::post(format!(
             "http://{}/sluice.v1.RateLimiter/Check",
             node.node.grpc_addr
@@ -337,22 +339,24 @@ async fn half_sent_messages_are_bounded_before_they_are_decoded() {
         let (response, mut body) = h2.send_request(request, false).unwrap();
         let mut head = vec![0u8];
         head.extend_from_slice(&announced.to_be_bytes());
-        head.extend_from_slice(&[0x0a, 0x00]);
+        head.extend(std::iter::repeat_n(0u8, sent));
         body.send_data(head.into(), false).unwrap();
         (response, body)
     };
-    let held = [open(400_000), open(400_000)];
+    // Announcing alone holds nothing: only bytes sent take memory.
+    let announced = open(500_000, 0);
+    let held = [open(400_000, 399_999), open(400_000, 399_999)];
     let resources = node.node.limiter.metrics().resources.clone();
     eventually(
         "the two half-sent messages held",
         Duration::from_secs(10),
         || {
             let held = resources.inbound_bytes();
-            async move { held == 800_000 }
+            async move { held == 2 * 399_999 }
         },
     )
     .await;
-    let (refused, _body) = open(400_000);
+    let (refused, _body) = open(400_000, 300_000);
     let refused = tokio::time::timeout(Duration::from_secs(10), refused)
         .await
         .expect("the third call is answered at once")
@@ -389,6 +393,7 @@ async fn half_sent_messages_are_bounded_before_they_are_decoded() {
     .expect("a small call answered");
     assert!(under(&small), "{small:?}");
     drop(held);
+    drop(announced);
     drop(h2);
     // The held calls' bytes are given back once their streams are gone.
     let big = pb::CheckRequest {

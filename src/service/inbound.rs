@@ -7,18 +7,23 @@
 //! streams of each of `max_connections` connections: terabytes a client
 //! can make the node hold before any bound applies. So every request body
 //! passes through [`Budgeted`], which reads each gRPC message's 5-byte
-//! prefix (a flag and the message's length) as it goes by and takes that
-//! many bytes from one node-wide semaphore of `limits.max_inbound_bytes`
-//! before the message's bytes are handed on. A message that does not fit
-//! ends its call with `RESOURCE_EXHAUSTED` at once (counted as
+//! prefix (a flag and the message's length) as it goes by and takes the
+//! message's bytes from one node-wide semaphore of
+//! `limits.max_inbound_bytes` as they arrive, before they are handed on to
+//! tonic's buffer. Bytes are charged as they come, not as announced: a
+//! client that announces 4 MiB messages and sends nothing holds nothing
+//! (announcing is free; only bytes sent take memory). A message longer
+//! than the whole budget is refused at its prefix. A chunk that does not
+//! fit ends its call with `RESOURCE_EXHAUSTED` at once (counted as
 //! `inbound_bytes` in `sluice_resource_exhausted_total`), as every other
 //! inbound bound does; waiting instead would let half-sent messages hold
 //! the budget against each other. The bytes are held until the message's
 //! body is dropped (tonic has decoded it; a unary call's handler then
 //! meets admission at once) — for a stream, until the message after next
-//! has arrived.
+//! begins. Every HTTP/2 request body is counted, whatever its
+//! content-type (tonic decodes a body it is handed without looking);
+//! only HTTP/1.1 bodies (the status page on the admin listener) are not.
 
-use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -65,7 +70,9 @@ impl Inbound {
             prefix: [0; 5],
             prefix_len: 0,
             left: 0,
-            held: VecDeque::new(),
+            len: 0,
+            current: None,
+            previous: None,
         }
     }
 }
@@ -103,12 +110,10 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> S::Future {
-        let grpc = request
-            .headers()
-            .get(http::header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
-        // Only gRPC bodies are framed as gRPC messages (the status page,
-        // HTTP/1.1 on the admin listener, has none).
+        // Every HTTP/2 body: tonic decodes whatever it is handed on a gRPC
+        // route, content-type or not. The status page (HTTP/1.1 on the
+        // admin listener) has no gRPC messages.
+        let grpc = request.version() >= http::Version::HTTP_2;
         let inbound = self.inbound.clone();
         self.inner.call(request.map(|b| {
             if grpc {
@@ -130,18 +135,22 @@ pub struct Budgeted<B> {
     prefix_len: usize,
     /// Bytes of the current message still to come.
     left: usize,
-    /// The bytes of the last messages (at most two: the one tonic is
-    /// decoding and the one arriving).
-    held: VecDeque<OwnedSemaphorePermit>,
+    /// The current message's announced length.
+    len: u32,
+    /// The bytes of the current message received so far, and of the one
+    /// before it (tonic may still be decoding it).
+    current: Option<OwnedSemaphorePermit>,
+    previous: Option<OwnedSemaphorePermit>,
 }
 
 impl<B> Budgeted<B> {
-    /// Account for `data`: each prefix that completes in it takes its
-    /// message's bytes from the budget, or fails the call.
+    /// Account for `data`: each byte of a message takes its place in the
+    /// budget as it arrives, or fails the call.
     fn take(&mut self, mut data: &[u8]) -> Result<(), tonic::Status> {
         while !data.is_empty() {
             if self.left > 0 {
                 let n = self.left.min(data.len());
+                self.charge(n)?;
                 self.left -= n;
                 data = &data[n..];
                 continue;
@@ -154,32 +163,47 @@ impl<B> Budgeted<B> {
                 break;
             }
             self.prefix_len = 0;
-            let len = u32::from_be_bytes([
+            self.len = u32::from_be_bytes([
                 self.prefix[1],
                 self.prefix[2],
                 self.prefix[3],
                 self.prefix[4],
             ]);
-            self.left = len as usize;
-            let b = &self.budget;
-            match b.permits.clone().try_acquire_many_owned(len.max(1)) {
-                Ok(p) => {
-                    self.held.push_back(p);
-                    if self.held.len() > 2 {
-                        self.held.pop_front();
-                    }
-                }
-                Err(_) => {
-                    b.resources.exhausted("inbound_bytes");
-                    return Err(tonic::Status::resource_exhausted(format!(
-                        "the node is receiving {} of its {} bytes of messages (limits.max_inbound_bytes); this {len}-byte message does not fit now",
-                        b.held(),
-                        b.max
-                    )));
-                }
+            if self.len as usize > self.budget.max {
+                return Err(self.refuse(self.len as usize));
             }
+            self.left = self.len as usize;
+            // A new message: the one before it is tonic's now; the one
+            // before that is decoded and gone.
+            self.previous = self.current.take();
         }
         Ok(())
+    }
+
+    /// Take `n` more bytes of the current message from the budget.
+    fn charge(&mut self, n: usize) -> Result<(), tonic::Status> {
+        let permits = u32::try_from(n).unwrap_or(u32::MAX);
+        match self.budget.permits.clone().try_acquire_many_owned(permits) {
+            Ok(p) => {
+                match &mut self.current {
+                    Some(c) => c.merge(p),
+                    None => self.current = Some(p),
+                }
+                Ok(())
+            }
+            Err(_) => Err(self.refuse(n)),
+        }
+    }
+
+    fn refuse(&self, n: usize) -> tonic::Status {
+        let b = &self.budget;
+        b.resources.exhausted("inbound_bytes");
+        tonic::Status::resource_exhausted(format!(
+            "the node is receiving {} of its {} bytes of messages (limits.max_inbound_bytes); {n} more bytes of this {}-byte message do not fit now",
+            b.held(),
+            b.max,
+            self.len
+        ))
     }
 }
 
@@ -264,15 +288,17 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_message_takes_its_bytes_as_its_prefix_arrives_even_split_across_frames() {
+    async fn a_message_takes_its_bytes_as_they_arrive_even_split_across_frames() {
         let budget = inbound(1_000);
         let m = message(300);
         // The prefix itself split in two frames.
         let chunks = vec![m[..3].to_vec(), m[3..100].to_vec(), m[100..].to_vec()];
         let mut b = budget.budget(body(chunks));
         assert_eq!(read(&mut b, 1).await, Ok(3));
-        assert_eq!(budget.held(), 0, "not until the prefix is whole");
-        assert_eq!(read(&mut b, 2).await, Ok(302));
+        assert_eq!(budget.held(), 0, "not until bytes of the message come");
+        assert_eq!(read(&mut b, 1).await, Ok(97));
+        assert_eq!(budget.held(), 95, "what arrived, not what was announced");
+        assert_eq!(read(&mut b, 1).await, Ok(205));
         assert_eq!(budget.held(), 300);
         drop(b);
         assert_eq!(budget.held(), 0, "given back with the body");
@@ -281,17 +307,22 @@ mod tests {
     #[tokio::test]
     async fn a_message_that_does_not_fit_ends_its_call_until_room_is_made() {
         let budget = inbound(1_000);
-        let mut first = budget.budget(body(vec![message(700)[..50].to_vec()]));
-        assert_eq!(read(&mut first, 1).await, Ok(50), "a half-sent message");
-        assert_eq!(budget.held(), 700, "holds its whole length");
+        // Announcing is free: a client that sends only prefixes holds
+        // nothing, however much it announces.
+        let mut announced = budget.budget(body(vec![message(999)[..5].to_vec()]));
+        assert_eq!(read(&mut announced, 1).await, Ok(5));
+        assert_eq!(budget.held(), 0);
+        let mut first = budget.budget(body(vec![message(700)[..655].to_vec()]));
+        assert_eq!(read(&mut first, 1).await, Ok(655), "a half-sent message");
+        assert_eq!(budget.held(), 650, "holds what it sent");
         let mut second = budget.budget(body(vec![message(400)]));
         let refused = read(&mut second, 1).await.unwrap_err();
         assert!(refused.contains("limits.max_inbound_bytes"), "{refused}");
-        assert_eq!(budget.held(), 700, "the refused one holds nothing");
+        assert_eq!(budget.held(), 650, "the refused one holds nothing");
         drop(first);
         let mut third = budget.budget(body(vec![message(400)]));
         assert_eq!(read(&mut third, 1).await, Ok(405));
-        // Larger than the whole budget: never.
+        // Larger than the whole budget: refused at its prefix.
         let mut huge = budget.budget(body(vec![message(2_000)[..5].to_vec()]));
         assert!(read(&mut huge, 1).await.is_err());
     }
