@@ -452,14 +452,26 @@ impl Leases {
     /// These reports go to their owner now: each sending counts (see
     /// [`Leases::renumber`]).
     pub fn sending(&self, reports: &[Report]) {
+        self.count_sendings(reports, |n| n.saturating_add(1));
+    }
+
+    /// Change the sendings of each of `reports` still in flight.
+    fn count_sendings(&self, reports: &[Report], f: impl Fn(u32) -> u32) {
         let mut table = self.table();
         for report in reports {
             if let Some(p) = table.pending.get_mut(&report.key)
                 && p.in_flight.as_ref().is_some_and(|r| r.seq == report.seq)
             {
-                p.sendings = p.sendings.saturating_add(1);
+                p.sendings = f(p.sendings);
             }
         }
+    }
+
+    /// These sendings of `reports` cannot have been applied (never sent:
+    /// a breaker open, a queue full; or answered "retry", "not owner",
+    /// refused): they do not count as sendings (see [`Leases::renumber`]).
+    pub fn not_applied(&self, reports: &[Report]) {
+        self.count_sendings(reports, |n| n.saturating_sub(1));
     }
 
     /// An owner answered `report` "duplicate": it applied up to `applied`
@@ -480,7 +492,9 @@ impl Leases {
         let Some(p) = table.pending.get_mut(&report.key) else {
             return false;
         };
-        if p.sendings != 1 || applied < report.seq {
+        // Past half the number space is no run's numbering: an owner's
+        // answer that absurd is not followed (the next number would wrap).
+        if p.sendings != 1 || applied < report.seq || applied > u64::MAX / 2 {
             return false;
         }
         let Some(r) = p.in_flight.as_mut().filter(|r| r.seq == report.seq) else {

@@ -296,6 +296,33 @@ fn a_report_numbered_below_an_earlier_run_is_renumbered_not_dropped() {
     assert!(!l.renumber(&next[0], 0));
 }
 
+#[test]
+fn sendings_that_could_not_have_been_applied_do_not_stop_a_renumber() {
+    let l = Leases::new(100, usize::MAX, 1_000);
+    let a = key::encode("n", "a");
+    let sp = spec(600);
+    assert!(!l.decide(&a, &sp, Cost::hits(1), 3, 0).allowed());
+    assert_eq!(admitted(&l, &a, &sp, 3, 300 * S, 2), 2);
+    let first = l.reports();
+    // A breaker open, then an owner still taking the key over ("retry"):
+    // neither sending reached a count.
+    l.sending(&first);
+    l.not_applied(&first);
+    l.sending(&first);
+    l.not_applied(&first);
+    // The first that arrives is answered "duplicate" of an earlier run's.
+    l.sending(&first);
+    assert!(
+        l.renumber(&first[0], 50_000),
+        "the only sending that arrived"
+    );
+    assert_eq!(l.unreported(), 2, "its hits kept");
+    // An absurd `applied` is not followed: the next number would wrap.
+    let again = l.reports();
+    l.sending(&again);
+    assert!(!l.renumber(&again[0], u64::MAX));
+}
+
 /// One key's report, for an owner that must hold the key's spending before
 /// it decides it: the report in flight first (unchanged, so the owner's
 /// sequence check makes a second delivery harmless), then one of the hits

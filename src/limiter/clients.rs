@@ -233,6 +233,24 @@ impl Limiter {
         items: Vec<Result<super::Check, ItemError>>,
     ) -> ClientAck {
         let now = self.now();
+        // Resolved before the lock: grants wait on it.
+        let policies = self.shared.policies.load_full();
+        let mut errors = Vec::new();
+        let mut booked = Vec::with_capacity(items.len());
+        for item in items {
+            let resolved = item.and_then(|c| {
+                let spec = self.resolve(&c, &policies)?.spec;
+                Ok((c, spec))
+            });
+            match resolved {
+                Ok((check, spec)) if check.request.hits > 0 => {
+                    let k = key::encode(&check.name, &check.unique_key);
+                    booked.push((k, spec, check.request.hits));
+                }
+                Ok(_) => {}
+                Err(e) => errors.push(e),
+            }
+        }
         let tiers = &self.shared.tiers;
         let Some(mut subgrants) = tiers.subgrants() else {
             return self.counted(ClientAck::Retry);
@@ -250,23 +268,6 @@ impl Limiter {
             None => {
                 drop(subgrants);
                 return self.counted(ClientAck::Retry);
-            }
-        }
-        let policies = self.shared.policies.load_full();
-        let mut errors = Vec::new();
-        let mut booked = Vec::with_capacity(items.len());
-        for item in items {
-            let resolved = item.and_then(|c| {
-                let spec = self.resolve(&c, &policies)?.spec;
-                Ok((c, spec))
-            });
-            match resolved {
-                Ok((check, spec)) if check.request.hits > 0 => {
-                    let k = key::encode(&check.name, &check.unique_key);
-                    booked.push((k, spec, check.request.hits));
-                }
-                Ok(_) => {}
-                Err(e) => errors.push(e),
             }
         }
         if !self.shared.leases.record_all(&booked, now) {

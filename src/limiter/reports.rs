@@ -108,6 +108,12 @@ impl Limiter {
         }
         if o.acknowledged() {
             leases.acknowledge(report, self.now());
+        } else if matches!(
+            o,
+            ReportOutcome::Retry | ReportOutcome::NotOwner | ReportOutcome::Invalid
+        ) {
+            // Answered, and not applied: not a sending that could have been.
+            leases.not_applied(std::slice::from_ref(report));
         }
         o.acknowledged()
     }
@@ -182,8 +188,22 @@ impl Limiter {
                 .count(),
             Err(ForwardError::Refused { peer, reason }) => {
                 tracing::warn!(%peer, %reason, "lease reports refused; will retry");
+                self.shared.leases.not_applied(reports);
                 0
             }
+            Err(
+                e @ (ForwardError::BreakerOpen(_)
+                | ForwardError::QueueFull(_)
+                | ForwardError::UnknownPeer(_)
+                | ForwardError::BadAnswer { .. }),
+            ) => {
+                // Never sent, or answered with nothing applied.
+                tracing::debug!(peer = %owner, error = %e, "lease report not sent; will retry");
+                self.shared.leases.not_applied(reports);
+                0
+            }
+            // Unreachable (a deadline, a broken connection) or a malformed
+            // answer: it may have been applied, and counts as a sending.
             Err(e) => {
                 tracing::debug!(peer = %owner, error = %e, "lease report not delivered; will retry");
                 0
