@@ -225,6 +225,13 @@ pub struct ClusterConfig {
     /// (and a new owner waits for a silent member before flagging it).
     #[serde(with = "humantime_serde_compat")]
     pub handoff_timeout: Duration,
+    /// How long a key whose holders of record are all gone (an owner and
+    /// its replica holder lost together) is decided as if its owner were
+    /// unreachable, waiting for one of them to come back, before its best
+    /// copy is taken (`sluice_keys_taken_from_best_copy`). Longer than
+    /// failure detection plus the longest pause a node should survive.
+    #[serde(with = "humantime_serde_compat")]
+    pub in_doubt_grace: Duration,
     /// Removed (this build speaks protocol 3 and answers protocol 2).
     /// Accepted and ignored, with a warning.
     #[serde(skip_serializing)]
@@ -306,6 +313,7 @@ impl Default for ClusterConfig {
             ownership_grace: None,
             replicate_interval: Duration::from_millis(20),
             handoff_timeout: Duration::from_secs(5),
+            in_doubt_grace: Duration::from_secs(10),
             peer_protocol: None,
             peer_addr: None,
             tls: None,

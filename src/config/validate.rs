@@ -110,6 +110,7 @@ impl Config {
             ("cluster.report_interval", c.report_interval),
             ("cluster.replicate_interval", c.replicate_interval),
             ("cluster.handoff_timeout", c.handoff_timeout),
+            ("cluster.in_doubt_grace", c.in_doubt_grace),
             ("cluster.token_window", c.token_window),
             ("cluster.tiered_allotment_ttl", c.tiered_allotment_ttl),
             (

@@ -19,6 +19,7 @@
 
 mod admin;
 mod clients;
+mod doubt;
 mod envoy;
 mod fallback;
 mod forward;
@@ -87,6 +88,9 @@ pub struct ClusterSettings {
     /// A call's budget when its caller sets no deadline (forwards and pulls
     /// share it).
     pub budget: std::time::Duration,
+    /// How long a key whose holders of record are gone stays in doubt
+    /// before its best copy is taken (`doubt.rs`).
+    pub in_doubt_grace: std::time::Duration,
 }
 
 /// Asks gossip for an immediate round with a member (by node id): two
@@ -167,6 +171,8 @@ struct Shared {
     nudge: Nudge,
     leases: Leases,
     tiers: tiered::Tiers,
+    /// Keys whose holders of record are gone (issue 39).
+    doubts: doubt::Doubts,
     settings: ClusterSettings,
     /// Decisions by status and path, sampled once a second (`rates.rs`).
     rates: rates::Rates,
@@ -214,6 +220,7 @@ impl Limiter {
                     parts.settings.tiered,
                     parts.settings.client_allotments,
                 ),
+                doubts: doubt::Doubts::new(parts.settings.in_doubt_grace.as_nanos() as u64),
                 settings: parts.settings,
                 rates: rates::Rates::new(),
             }),
@@ -274,6 +281,19 @@ impl Limiter {
             (old.view, old.incoming.clone(), old.holdings.clone())
         };
         incoming.prune(&holders);
+        if changed {
+            // Members of the ring before gone from this one: their keys'
+            // copies here are the truth only when provably current.
+            let change = doubt::Change {
+                me: &me,
+                previous: &old.ring,
+                ring: &view.ring,
+                live: &holders,
+                dead: &view.dead,
+            };
+            let ended = self.shared.doubts.changed(&change, self.now());
+            self.doubts_ended(ended);
+        }
         // Changes are worth queueing while another node could hold them.
         let has_peer = view.ring.members().iter().any(|m| m.node_id != me);
         self.shared.store.set_replicating(has_peer);

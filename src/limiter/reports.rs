@@ -41,6 +41,7 @@ impl Limiter {
     /// (absorbing its own keys here). Unacknowledged reports are resent
     /// unchanged next time.
     pub async fn flush_reports(&self) -> Flushed {
+        self.settle_doubts();
         let outstanding = self.settle_subgrants();
         let (held, reserved) = self.shared.tiers.figures(self.now());
         let m = &self.shared.metrics.cluster;

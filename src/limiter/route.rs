@@ -78,6 +78,9 @@ impl Limiter {
             None => Route::NoOwner,
             Some(o) if o.node_id != self.shared.node_id => Route::Forward(o.node_id.clone()),
             Some(_) if !may_own => Route::NoOwner,
+            // Its holders of record are gone and its copy here is not
+            // provably current: decided as if its owner were unreachable.
+            Some(_) if self.in_doubt(k) => Route::NoOwner,
             // Last, as it is the one lookup in the store: nearly every
             // decision is answered by the flag.
             Some(_) if t.incoming.complete() || self.shared.store.holds_own(k) => Route::Here,

@@ -110,6 +110,11 @@ pub struct ClusterMetrics {
     /// for (granted before it restarted, or forgotten): booked all the
     /// same.
     pub client_unknown_spent: Counter,
+    /// Keys in doubt (issue 39): decided in doubt in the regions still
+    /// open, the regions, and keys taken from a best copy at a grace's end.
+    pub keys_in_doubt: Gauge,
+    pub doubt_regions: Gauge,
+    pub taken_from_best_copy: Counter,
 }
 
 impl ClusterMetrics {
@@ -162,6 +167,9 @@ impl ClusterMetrics {
             client_outstanding: Gauge::default(),
             client_reports: Family::default(),
             client_unknown_spent: Counter::default(),
+            keys_in_doubt: Gauge::default(),
+            doubt_regions: Gauge::default(),
+            taken_from_best_copy: Counter::default(),
         }
     }
 
@@ -290,6 +298,21 @@ impl ClusterMetrics {
             "sluice_client_allotment_unknown_spent",
             "Hits apps reported of keys this node passed them no allotment of in this run (it restarted, or forgot the app), booked all the same",
             self.client_unknown_spent.clone(),
+        );
+        registry.register(
+            "sluice_keys_in_doubt",
+            "Keys this node owns whose holders of record are gone and whose copy here is not provably current, decided as if their owner were unreachable (asked about since)",
+            self.keys_in_doubt.clone(),
+        );
+        registry.register(
+            "sluice_doubt_regions",
+            "Ring changes that took members away whose keys are still in doubt",
+            self.doubt_regions.clone(),
+        );
+        registry.register(
+            "sluice_keys_taken_from_best_copy",
+            "Keys in doubt whose holders of record did not come back within cluster.in_doubt_grace: their best copy taken, what the gone holders admitted past it lost",
+            self.taken_from_best_copy.clone(),
         );
         registry.register(
             "sluice_peer_rpcs",

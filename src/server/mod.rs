@@ -308,6 +308,7 @@ impl Node {
             settings: ClusterSettings {
                 handoff_timeout: cluster.handoff_timeout,
                 budget: cluster.forward_timeout,
+                in_doubt_grace: cluster.in_doubt_grace,
                 tiered: crate::lease::tiered::Terms {
                     ttl: cluster.tiered_allotment_ttl.as_nanos() as u64,
                     // Reports of an allotment's last hits may take a few

@@ -1,0 +1,571 @@
+//! Keys in doubt (issue 39): a copy is the truth only when it is provably
+//! current.
+//!
+//! A key's *holders of record* are its owner and replica holder in the
+//! view it was last decided in — for this node, the view before a change.
+//! When a change takes away members (dead, not left: a leaver hands off),
+//! each key this node now owns whose holders of record are all gone, and
+//! of which this node was neither the owner nor the replica holder, is
+//! **in doubt**: the copy this node holds
+//! (or the empty count it would start) may be older than what the gone
+//! holders admitted — an owner killed while its replica holder was paused,
+//! two of three nodes lost at once, an older copy from a ring long gone.
+//! Such a key is decided as if its owner were unreachable (per
+//! `on_owner_unreachable`: `deny` refuses, `local_share` decides on a lease
+//! share, never an exact answer) until a holder of record is back (its
+//! state comes with the transfer, merged, then exact), or until
+//! `cluster.in_doubt_grace` passes — burial alone does not end it — when
+//! the best copy is taken and counted (`sluice_keys_taken_from_best_copy`).
+//!
+//! Losses that come one view apart are one fault: a member lost within a
+//! region's grace joins it, so an owner lost in one view and its replica
+//! holder in the next (or the new replica holder before the owner
+//! re-replicated to it) still put the key in doubt at a third node.
+//!
+//! A node that just started knows no view before: its first view with a
+//! peer opens a region over the ring it sees plus the members gossip says
+//! died without leaving, with itself among the gone (what its run before
+//! held is lost) — so a node restarted while the holders of its keys are
+//! still down does not answer them from an empty count.
+//!
+//! The test is per key, over a few *regions* (one per change that took
+//! members away, kept until resolved or past the grace), each a previous
+//! ring and who of it is gone: a ring lookup or two per region, and one
+//! atomic load while there is none — the rule outside faults.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::algorithm::Nanos;
+use crate::cluster::ring::{Member, Ring};
+
+/// Keys remembered per region as decided in doubt (for the gauge and the
+/// count of keys taken from a best copy); beyond it they are still in
+/// doubt, only not counted one by one.
+pub const MAX_COUNTED: usize = 100_000;
+
+/// Regions kept at most: each is a change that took members away within
+/// the grace. Beyond it the oldest is taken from its best copy early.
+pub const MAX_REGIONS: usize = 64;
+
+/// One change that took members away.
+#[derive(Debug)]
+struct Region {
+    /// The ring before the change: whose keys were where.
+    previous: Arc<Ring>,
+    /// The members of `previous` gone since, by id and generation — those
+    /// of the change, and any lost later within the grace (an owner lost
+    /// in one view and its replica holder in the next are a pair).
+    gone: Vec<(Arc<str>, u64)>,
+    /// This node is among the gone: it started since `previous` (its
+    /// run before held what it owned there, and lost it).
+    me_gone: bool,
+    /// When the grace ends: the best copy is taken.
+    until: Nanos,
+    /// Keys decided in doubt under this region (hashed: a key's bytes are
+    /// the caller's, up to `max_key_bytes`).
+    keys: HashSet<u64>,
+    /// More keys than [`MAX_COUNTED`] were decided in doubt.
+    overflow: u64,
+}
+
+impl Region {
+    /// Whether `k` (owned by `me` now) is in doubt under this region:
+    /// its owner in `previous` and that owner's replica holder are gone,
+    /// and this node was neither (or was, in a run since lost).
+    fn covers(&self, k: &[u8], me: &str) -> bool {
+        let gone = |m: &Member| {
+            if &*m.node_id == me {
+                self.me_gone
+            } else {
+                self.gone.iter().any(|(id, _)| *id == m.node_id)
+            }
+        };
+        let Some(owner) = self.previous.owner(k) else {
+            return false;
+        };
+        gone(owner) && self.previous.successor(k).is_none_or(gone)
+    }
+
+    /// Whether any key can be in doubt under it: an owner and its replica
+    /// holder are two members, both gone (or the ring had one member).
+    fn can_cover(&self) -> bool {
+        self.gone.len() + usize::from(self.me_gone) >= 2 || self.previous.members().len() <= 1
+    }
+
+    fn counted(&self) -> u64 {
+        (self.keys.len() as u64).saturating_add(self.overflow)
+    }
+}
+
+/// What a region's end came to, for the metrics.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Ended {
+    /// Keys decided in doubt whose holders never came back: taken from
+    /// the best copy.
+    pub taken: u64,
+}
+
+/// A change of view as [`Doubts::changed`] reads it.
+#[derive(Debug)]
+pub struct Change<'a> {
+    /// This node's id.
+    pub me: &'a str,
+    /// The ring this node decided under before (empty right after start).
+    pub previous: &'a Arc<Ring>,
+    /// The new ring.
+    pub ring: &'a Arc<Ring>,
+    /// Members that can hold counts now, this node aside.
+    pub live: &'a [Member],
+    /// Members dead without leaving, not live again (gossip's word).
+    pub dead: &'a [(Arc<str>, u64)],
+}
+
+/// This node's regions of doubt.
+#[derive(Debug)]
+pub struct Doubts {
+    /// A std Mutex: held for a ring lookup per region, never across an
+    /// await.
+    regions: Mutex<Vec<Region>>,
+    /// Whether a region can hold a key in doubt: the one load a decision
+    /// pays outside correlated faults (a single loss opens a region that
+    /// covers nothing until a second member goes).
+    any: AtomicBool,
+    /// This node has seen a peer since it started (its first such view
+    /// opens the region of its own restart).
+    met: AtomicBool,
+    grace: Nanos,
+}
+
+impl Doubts {
+    pub fn new(grace: Nanos) -> Doubts {
+        Doubts {
+            regions: Mutex::new(Vec::new()),
+            any: AtomicBool::new(false),
+            met: AtomicBool::new(false),
+            grace,
+        }
+    }
+
+    /// Whether any region can hold a key in doubt (one atomic load).
+    pub fn any(&self) -> bool {
+        self.any.load(Ordering::Acquire)
+    }
+
+    fn regions(&self) -> MutexGuard<'_, Vec<Region>> {
+        self.regions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A change of view. Members of the previous ring not live now (but
+    /// this node) open a region, and join every region still open;
+    /// members live again under the same generation leave every region —
+    /// their state comes with the transfer. The first view with a peer
+    /// since this node started opens the region of its restart: the ring
+    /// now plus the members gossip says died, with this node among the
+    /// gone (whatever it held before is lost). Returns what the regions
+    /// resolved or pushed out came to.
+    pub fn changed(&self, c: &Change<'_>, now: Nanos) -> Ended {
+        let is_live = |id: &str, generation: u64| {
+            c.live
+                .iter()
+                .any(|m| &*m.node_id == id && m.generation == generation)
+        };
+        let gone: Vec<(Arc<str>, u64)> = c
+            .previous
+            .members()
+            .iter()
+            .filter(|m| &*m.node_id != c.me && !is_live(&m.node_id, m.generation))
+            .map(|m| (m.node_id.clone(), m.generation))
+            .collect();
+        let mut ended = Ended::default();
+        let mut regions = self.regions();
+        for r in regions.iter_mut() {
+            r.gone.retain(|(id, generation)| !is_live(id, *generation));
+            if r.me_gone {
+                // A restart's region is of the losses before it; what this
+                // node held since is of record like any member's.
+                continue;
+            }
+            for g in &gone {
+                if !r.gone.iter().any(|(id, _)| *id == g.0) {
+                    r.gone.push(g.clone());
+                }
+            }
+        }
+        // A region none of whose members is gone any more is resolved: the
+        // holders of record are back, nothing was taken from a best copy.
+        regions.retain(|r| !r.gone.is_empty());
+        let until = now.saturating_add(self.grace);
+        if !gone.is_empty() {
+            regions.push(Region {
+                previous: c.previous.clone(),
+                gone,
+                me_gone: false,
+                until,
+                keys: HashSet::new(),
+                overflow: 0,
+            });
+        }
+        let dead: Vec<(Arc<str>, u64)> = c
+            .dead
+            .iter()
+            .filter(|(id, _)| &**id != c.me)
+            .cloned()
+            .collect();
+        if !c.live.is_empty() && !self.met.swap(true, Ordering::AcqRel) && !dead.is_empty() {
+            let mut members: Vec<Member> = c.ring.members().to_vec();
+            for (id, generation) in &dead {
+                if !members.iter().any(|m| m.node_id == *id) {
+                    members.push(Member {
+                        node_id: id.clone(),
+                        generation: *generation,
+                        grpc_addr: String::new(),
+                        protocol: crate::proto::PEER_PROTOCOL_VERSION,
+                    });
+                }
+            }
+            if !members.iter().any(|m| &*m.node_id == c.me) {
+                members.push(Member {
+                    node_id: Arc::from(c.me),
+                    generation: 0,
+                    grpc_addr: String::new(),
+                    protocol: crate::proto::PEER_PROTOCOL_VERSION,
+                });
+            }
+            regions.push(Region {
+                previous: Arc::new(Ring::new(members)),
+                gone: dead,
+                me_gone: true,
+                until,
+                keys: HashSet::new(),
+                overflow: 0,
+            });
+        }
+        while regions.len() > MAX_REGIONS {
+            let r = regions.remove(0);
+            ended.taken = ended.taken.saturating_add(r.counted());
+        }
+        self.any
+            .store(regions.iter().any(Region::can_cover), Ordering::Release);
+        drop(regions);
+        ended
+    }
+
+    /// Whether `k`, which `me` owns now, is in doubt at `now`. A key found
+    /// in doubt is remembered for the counts. Regions past their grace end
+    /// here (what they came to is added to `ended`).
+    pub fn in_doubt(&self, k: &[u8], me: &str, now: Nanos, ended: &mut Ended) -> bool {
+        if !self.any.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut regions = self.regions();
+        self.expire(&mut regions, now, ended);
+        let mut doubt = false;
+        let mut hash = None;
+        for r in regions.iter_mut() {
+            if r.can_cover() && r.covers(k, me) {
+                doubt = true;
+                let h = *hash.get_or_insert_with(|| key_hash(k));
+                if !r.keys.contains(&h) {
+                    if r.keys.len() < MAX_COUNTED {
+                        r.keys.insert(h);
+                    } else {
+                        r.overflow = r.overflow.saturating_add(1);
+                    }
+                }
+                // Counted under the first region that covers it.
+                break;
+            }
+        }
+        doubt
+    }
+
+    /// End the regions past their grace at `now` (the reporter calls this
+    /// each round, so a region ends though no key of it is asked about).
+    pub fn settle(&self, now: Nanos) -> Ended {
+        let mut ended = Ended::default();
+        let mut regions = self.regions();
+        self.expire(&mut regions, now, &mut ended);
+        ended
+    }
+
+    /// The operator accepts the best copies now (admin): every region ends.
+    pub fn accept_all(&self) -> Ended {
+        let mut regions = self.regions();
+        let taken = regions.iter().map(Region::counted).sum();
+        regions.clear();
+        self.any.store(false, Ordering::Release);
+        Ended { taken }
+    }
+
+    fn expire(&self, regions: &mut Vec<Region>, now: Nanos, ended: &mut Ended) {
+        let before = regions.len();
+        regions.retain(|r| {
+            let keep = r.until > now;
+            if !keep {
+                ended.taken = ended.taken.saturating_add(r.counted());
+            }
+            keep
+        });
+        if regions.len() != before {
+            self.any
+                .store(regions.iter().any(Region::can_cover), Ordering::Release);
+        }
+    }
+
+    /// Keys decided in doubt in the regions still open (the gauge), and
+    /// the regions that can hold keys in doubt.
+    pub fn figures(&self) -> (u64, usize) {
+        let regions = self.regions();
+        let open = regions.iter().filter(|r| r.can_cover()).count();
+        (regions.iter().map(Region::counted).sum(), open)
+    }
+}
+
+/// A key's 64-bit hash, for the counts (a collision only undercounts).
+fn key_hash(k: &[u8]) -> u64 {
+    use std::hash::Hasher;
+    // Fixed keys: the same key hashes the same every time.
+    let mut h = std::hash::DefaultHasher::new();
+    h.write(k);
+    h.finish()
+}
+
+impl super::Limiter {
+    /// Whether `k`, which this node owns, is in doubt now.
+    pub(super) fn in_doubt(&self, k: &[u8]) -> bool {
+        let doubts = &self.shared.doubts;
+        if !doubts.any() {
+            return false;
+        }
+        let mut ended = Ended::default();
+        let doubt = doubts.in_doubt(k, &self.shared.node_id, self.now(), &mut ended);
+        self.doubts_ended(ended);
+        doubt
+    }
+
+    /// Count what regions that ended came to.
+    pub(super) fn doubts_ended(&self, ended: Ended) {
+        if ended.taken > 0 {
+            self.shared
+                .metrics
+                .cluster
+                .taken_from_best_copy
+                .inc_by(ended.taken);
+            tracing::warn!(
+                keys = ended.taken,
+                "keys in doubt taken from their best copy: their holders of record did not come back within cluster.in_doubt_grace"
+            );
+        }
+    }
+
+    /// End the regions past their grace, and set the gauges (each report
+    /// round).
+    pub(super) fn settle_doubts(&self) {
+        let ended = self.shared.doubts.settle(self.now());
+        self.doubts_ended(ended);
+        let (keys, regions) = self.shared.doubts.figures();
+        let m = &self.shared.metrics.cluster;
+        m.keys_in_doubt.set(i64::try_from(keys).unwrap_or(i64::MAX));
+        m.doubt_regions.set(regions as i64);
+    }
+
+    /// The operator accepts the best copies of every key in doubt now
+    /// (admin): returns how many keys decided in doubt were taken.
+    pub fn accept_best_copies(&self) -> u64 {
+        let ended = self.shared.doubts.accept_all();
+        let taken = ended.taken;
+        self.doubts_ended(ended);
+        self.settle_doubts();
+        taken
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Nanos = 1_000_000_000;
+
+    fn member(id: &str, generation: u64) -> Member {
+        Member {
+            node_id: id.into(),
+            generation,
+            grpc_addr: String::new(),
+            protocol: crate::proto::PEER_PROTOCOL_VERSION,
+        }
+    }
+
+    fn ring(ids: &[&str]) -> Arc<Ring> {
+        Arc::new(Ring::new(ids.iter().map(|id| member(id, 1))))
+    }
+
+    /// A key of `ring` owned by `owner` whose replica is `replica`.
+    fn key_of(ring: &Ring, owner: &str, replica: &str) -> Vec<u8> {
+        key_where(ring, owner, replica, |_| true)
+    }
+
+    /// [`key_of`], also meeting `also`.
+    fn key_where(ring: &Ring, owner: &str, replica: &str, also: impl Fn(&[u8]) -> bool) -> Vec<u8> {
+        (0..)
+            .map(|i| format!("k{i}").into_bytes())
+            .find(|k| {
+                &*ring.owner(k).unwrap().node_id == owner
+                    && &*ring.successor(k).unwrap().node_id == replica
+                    && also(k)
+            })
+            .unwrap()
+    }
+
+    fn live(ids: &[&str]) -> Vec<Member> {
+        ids.iter().map(|id| member(id, 1)).collect()
+    }
+
+    /// `me` moves from `previous` to a ring over `live` and itself (it
+    /// has met peers before: no restart region).
+    fn change(d: &Doubts, me: &str, previous: &Arc<Ring>, live: &[Member], at: Nanos) -> Ended {
+        d.met.store(true, Ordering::Release);
+        let ring = Arc::new(Ring::new(
+            live.iter().cloned().chain(std::iter::once(member(me, 1))),
+        ));
+        d.changed(
+            &Change {
+                me,
+                previous,
+                ring: &ring,
+                live,
+                dead: &[],
+            },
+            at,
+        )
+    }
+
+    #[test]
+    fn owner_and_replica_holder_gone_puts_the_key_in_doubt_until_the_grace() {
+        let d = Doubts::new(10 * S);
+        let before = ring(&["a", "b", "c"]);
+        let k = key_of(&before, "a", "b");
+        change(&d, "c", &before, &live(&[]), 20 * S);
+        let mut ended = Ended::default();
+        assert!(d.in_doubt(&k, "c", 21 * S, &mut ended));
+        assert!(
+            d.in_doubt(&k, "c", 29 * S, &mut ended),
+            "burial does not end it"
+        );
+        assert_eq!(d.figures(), (1, 1));
+        assert!(!d.in_doubt(&k, "c", 30 * S, &mut ended), "past the grace");
+        assert_eq!(ended, Ended { taken: 1 });
+        assert_eq!(d.figures(), (0, 0));
+    }
+
+    #[test]
+    fn one_loss_alone_puts_nothing_in_doubt_and_costs_one_load() {
+        let d = Doubts::new(10 * S);
+        let before = ring(&["a", "b", "c"]);
+        change(&d, "b", &before, &live(&["c"]), S);
+        assert!(
+            !d.any(),
+            "an owner's replica holder is another member, live"
+        );
+        let mut ended = Ended::default();
+        for (o, r) in [("a", "b"), ("a", "c"), ("b", "a"), ("c", "a")] {
+            assert!(!d.in_doubt(&key_of(&before, o, r), "b", 2 * S, &mut ended));
+        }
+    }
+
+    #[test]
+    fn an_owner_and_its_replica_holder_lost_a_view_apart_are_one_fault() {
+        // a owns k, b holds its replica. b goes first (c is k's replica
+        // holder now, d its owner-to-be's neighbour), then a, before it
+        // re-replicated k to c: d, which owns k now, was neither.
+        let d = Doubts::new(10 * S);
+        let v0 = ring(&["a", "b", "c", "d"]);
+        let owner_now = ring(&["c", "d"]);
+        let k = key_where(&v0, "a", "b", |k| {
+            &*owner_now.owner(k).unwrap().node_id == "d"
+        });
+        change(&d, "d", &v0, &live(&["a", "c"]), S);
+        assert!(!d.any(), "b alone: nothing in doubt yet");
+        let v1 = ring(&["a", "c", "d"]);
+        change(&d, "d", &v1, &live(&["c"]), 2 * S);
+        let mut ended = Ended::default();
+        assert!(d.in_doubt(&k, "d", 3 * S, &mut ended));
+    }
+
+    #[test]
+    fn a_live_holder_of_record_settles_the_key_and_one_back_resolves_it() {
+        let d = Doubts::new(10 * S);
+        let before = ring(&["a", "b", "c"]);
+        let k_ab = key_of(&before, "a", "b");
+        let k_ac = key_of(&before, "a", "c");
+        let k_bc = key_of(&before, "b", "c");
+        change(&d, "c", &before, &live(&[]), S);
+        let mut ended = Ended::default();
+        assert!(d.in_doubt(&k_ab, "c", 2 * S, &mut ended));
+        // c was a's or b's replica holder: its copy is of record.
+        assert!(!d.in_doubt(&k_ac, "c", 2 * S, &mut ended));
+        assert!(!d.in_doubt(&k_bc, "c", 2 * S, &mut ended));
+        // a comes back (same generation: it was paused): one holder of
+        // record answers, the key is settled.
+        change(&d, "c", &ring(&["c"]), &live(&["a"]), 3 * S);
+        assert!(!d.in_doubt(&k_ab, "c", 4 * S, &mut ended));
+        // b too: resolved, nothing taken from a best copy.
+        change(&d, "c", &ring(&["a", "c"]), &live(&["a", "b"]), 5 * S);
+        assert_eq!(d.figures(), (0, 0));
+        assert_eq!(ended, Ended { taken: 0 });
+    }
+
+    #[test]
+    fn a_member_back_with_a_new_generation_does_not_resolve_it() {
+        let d = Doubts::new(10 * S);
+        let before = ring(&["a", "b", "c"]);
+        let k = key_of(&before, "a", "b");
+        change(&d, "c", &before, &live(&[]), S);
+        let restarted = vec![member("a", 2), member("b", 2)];
+        let mut ended = Ended::default();
+        change(&d, "c", &ring(&["c"]), &restarted, 2 * S);
+        assert!(d.in_doubt(&k, "c", 3 * S, &mut ended), "its state was lost");
+        assert_eq!(d.accept_all(), Ended { taken: 1 });
+        assert!(!d.in_doubt(&k, "c", 3 * S, &mut ended));
+    }
+
+    #[test]
+    fn a_node_restarted_while_the_other_holder_is_down_does_not_start_from_nothing() {
+        // a and b were k's holders; both died; a restarted (generation 2)
+        // and meets c while b is still down.
+        let d = Doubts::new(10 * S);
+        let v0 = ring(&["a", "b", "c"]);
+        let now = Arc::new(Ring::new([member("a", 2), member("c", 1)]));
+        let k = key_where(&v0, "a", "b", |k| &*now.owner(k).unwrap().node_id == "a");
+        d.changed(
+            &Change {
+                me: "a",
+                previous: &Arc::new(Ring::default()),
+                ring: &now,
+                live: &live(&["c"]),
+                dead: &[(Arc::from("b"), 1), (Arc::from("a"), 1)],
+            },
+            S,
+        );
+        let mut ended = Ended::default();
+        assert!(d.in_doubt(&k, "a", 2 * S, &mut ended));
+        // b back (same generation): settled.
+        let back = Arc::new(Ring::new([member("a", 2), member("c", 1)]));
+        change(&d, "a", &back, &[member("b", 1), member("c", 1)], 3 * S);
+        assert!(!d.in_doubt(&k, "a", 4 * S, &mut ended));
+        // A restart with no one dead opens nothing.
+        let d = Doubts::new(10 * S);
+        d.changed(
+            &Change {
+                me: "a",
+                previous: &Arc::new(Ring::default()),
+                ring: &now,
+                live: &live(&["c"]),
+                dead: &[],
+            },
+            S,
+        );
+        assert!(!d.any());
+    }
+}
