@@ -290,15 +290,6 @@ impl Doubts {
         ended
     }
 
-    /// The operator accepts the best copies now (admin): every region ends.
-    pub fn accept_all(&self) -> Ended {
-        let mut regions = self.regions();
-        let taken = regions.iter().map(Region::counted).sum();
-        regions.clear();
-        self.any.store(false, Ordering::Release);
-        Ended { taken }
-    }
-
     fn expire(&self, regions: &mut Vec<Region>, now: Nanos, ended: &mut Ended) {
         let before = regions.len();
         regions.retain(|r| {
@@ -369,16 +360,6 @@ impl super::Limiter {
         let m = &self.shared.metrics.cluster;
         m.keys_in_doubt.set(i64::try_from(keys).unwrap_or(i64::MAX));
         m.doubt_regions.set(regions as i64);
-    }
-
-    /// The operator accepts the best copies of every key in doubt now
-    /// (admin): returns how many keys decided in doubt were taken.
-    pub fn accept_best_copies(&self) -> u64 {
-        let ended = self.shared.doubts.accept_all();
-        let taken = ended.taken;
-        self.doubts_ended(ended);
-        self.settle_doubts();
-        taken
     }
 }
 
@@ -526,8 +507,8 @@ mod tests {
         let mut ended = Ended::default();
         change(&d, "c", &ring(&["c"]), &restarted, 2 * S);
         assert!(d.in_doubt(&k, "c", 3 * S, &mut ended), "its state was lost");
-        assert_eq!(d.accept_all(), Ended { taken: 1 });
-        assert!(!d.in_doubt(&k, "c", 3 * S, &mut ended));
+        assert!(!d.in_doubt(&k, "c", 11 * S, &mut ended), "past the grace");
+        assert_eq!(ended, Ended { taken: 1 });
     }
 
     #[test]
