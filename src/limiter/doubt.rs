@@ -511,6 +511,21 @@ mod tests {
         assert_eq!(ended, Ended { taken: 1 });
     }
 
+    /// `me`'s first view since it started, at 1 s: `ring`, its peer c
+    /// live, `dead` as gossip says.
+    fn first_view(d: &Doubts, me: &str, ring: &Arc<Ring>, dead: &[(Arc<str>, u64)]) {
+        d.changed(
+            &Change {
+                me,
+                previous: &Arc::new(Ring::default()),
+                ring,
+                live: &live(&["c"]),
+                dead,
+            },
+            S,
+        );
+    }
+
     #[test]
     fn a_node_restarted_while_the_other_holder_is_down_does_not_start_from_nothing() {
         // a and b were k's holders; both died; a restarted (generation 2)
@@ -519,16 +534,7 @@ mod tests {
         let v0 = ring(&["a", "b", "c"]);
         let now = Arc::new(Ring::new([member("a", 2), member("c", 1)]));
         let k = key_where(&v0, "a", "b", |k| &*now.owner(k).unwrap().node_id == "a");
-        d.changed(
-            &Change {
-                me: "a",
-                previous: &Arc::new(Ring::default()),
-                ring: &now,
-                live: &live(&["c"]),
-                dead: &[(Arc::from("b"), 1), (Arc::from("a"), 1)],
-            },
-            S,
-        );
+        first_view(&d, "a", &now, &[(Arc::from("b"), 1), (Arc::from("a"), 1)]);
         let mut ended = Ended::default();
         assert!(d.in_doubt(&k, "a", 2 * S, &mut ended));
         // b back (same generation): settled.
@@ -537,16 +543,7 @@ mod tests {
         assert!(!d.in_doubt(&k, "a", 4 * S, &mut ended));
         // A restart with no one dead opens nothing.
         let d = Doubts::new(10 * S);
-        d.changed(
-            &Change {
-                me: "a",
-                previous: &Arc::new(Ring::default()),
-                ring: &now,
-                live: &live(&["c"]),
-                dead: &[],
-            },
-            S,
-        );
+        first_view(&d, "a", &now, &[]);
         assert!(!d.any());
     }
 }
