@@ -287,9 +287,7 @@ impl Limiter {
             let change = doubt::Change {
                 me: &me,
                 previous: &old.ring,
-                ring: &view.ring,
                 live: &holders,
-                dead: &view.dead,
             };
             let ended = self.shared.doubts.changed(&change, self.now());
             self.doubts_ended(ended);

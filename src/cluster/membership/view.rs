@@ -110,11 +110,6 @@ pub struct ClusterView {
     pub size: usize,
     /// Someone declared this node's generation dead: it must rejoin.
     pub self_tombstoned: bool,
-    /// Members that died without announcing `leaving` and are not live
-    /// again under their id, by id and generation (those `size` counts
-    /// beyond the ready ones): a node that just started cannot know whose
-    /// keys they held, and must not take an empty count for theirs.
-    pub dead: Vec<(Arc<str>, u64)>,
 }
 
 impl ClusterView {
@@ -127,7 +122,6 @@ impl ClusterView {
             ring: Arc::new(Ring::default()),
             size: 1,
             self_tombstoned: false,
-            dead: Vec::new(),
         }
     }
 
@@ -152,7 +146,6 @@ impl ClusterView {
             && self.size == other.size
             && self.self_generation == other.self_generation
             && self.self_tombstoned == other.self_tombstoned
-            && self.dead == other.dead
     }
 }
 
@@ -168,7 +161,6 @@ pub(super) struct Reading {
     members: Vec<MemberInfo>,
     size: usize,
     self_tombstoned: bool,
-    dead: Vec<(Arc<str>, u64)>,
 }
 
 impl Reading {
@@ -222,7 +214,6 @@ impl Reading {
                     .and_then(|s| s.get(STATE))
                     .is_none_or(|s| s != Lifecycle::Left.name())
             });
-        let mut gone = Vec::new();
         for id in dead_ids {
             let left = chitchat
                 .node_state(id)
@@ -232,18 +223,14 @@ impl Reading {
             // or deliberately not (joining/leaving).
             if !left && !members.contains_key(&id.node_id) {
                 counted.insert(id.node_id.clone());
-                gone.push((id.node_id.clone(), id.generation_id));
             }
         }
-        gone.sort();
-        gone.dedup();
         Reading {
             self_tombstoned: buried(self_cc),
             self_id,
             self_generation: self_cc.generation_id,
             members: members.into_values().collect(),
             size: counted.len().max(1),
-            dead: gone,
         }
     }
 
@@ -269,7 +256,6 @@ impl Reading {
             ring,
             size: self.size,
             self_tombstoned: self.self_tombstoned,
-            dead: self.dead,
         }
     }
 }
@@ -449,7 +435,6 @@ mod tests {
             members,
             size: 3,
             self_tombstoned: false,
-            dead: Vec::new(),
         }
     }
 
