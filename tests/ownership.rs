@@ -243,6 +243,74 @@ async fn a_paused_owner_comes_back_without_resetting_its_keys() {
     }
 }
 
+/// `node_id`'s generation as `via` sees it.
+fn generation_of(via: &Proc, node_id: &str) -> Option<u64> {
+    let s = common::procs::status(&via.grpc)?;
+    s["members"]
+        .as_array()?
+        .iter()
+        .find(|m| m["node_id"] == node_id)?["generation"]
+        .as_u64()
+}
+
+/// Being slow is not being dead (issue 49): a stall past `away_after` but
+/// short of failure detection — a CPU-throttled pod, a GC pause — fences
+/// the node while it cannot vouch for itself, and then it owns its keys
+/// again as the same member: no rejoin (the same generation everywhere),
+/// no ring change, and its keys' counts carry on exactly. Before, any
+/// such stall made the node rejoin as new, changing every ring.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stall_short_of_failure_detection_is_not_a_rejoin() {
+    // phi 40 at 100 ms: away after 800 ms, suspected after ~1.6 s.
+    let env = [("SLUICE_CLUSTER__PHI_THRESHOLD", "40")];
+    let gossip = ports(3);
+    let procs: Vec<Proc> = (0..3)
+        .map(|i| spawn(&format!("node-{i}"), gossip[i], &gossip, &env))
+        .collect();
+    let all: Vec<&Proc> = procs.iter().collect();
+    settle(&all, "three ready").await;
+    const LIMIT: i64 = 5;
+    let keys = keys_owned_by(&["node-0", "node-1", "node-2"], "stall", 10)
+        .into_iter()
+        .filter(|k| k.starts_with("node-2"))
+        .collect::<Vec<_>>();
+    for (k, (admitted, approximate)) in admitted_per_key(&all[..2], "stall", &keys, LIMIT).await {
+        assert_eq!((admitted, approximate), (2, 0), "{k} before the stall");
+    }
+    let before: Vec<Option<u64>> = all.iter().map(|p| generation_of(p, "node-2")).collect();
+    assert!(
+        before.iter().all(|g| g.is_some() && *g == before[0]),
+        "{before:?}"
+    );
+
+    // The stall: 1.1 s, past `away_after` (800 ms), short of detection.
+    assert!(procs[2].signal("STOP"));
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    assert!(procs[2].signal("CONT"));
+    // `/readyz` reads presence now: not ready from the resume (its last
+    // gossip round is stale, then the fence) until it heard a majority.
+    let readyz = format!("http://{}/readyz", procs[2].http);
+    eventually("node-2 ready again", SETTLE, || async {
+        common::http_get(&readyz).await.0 == 200
+    })
+    .await;
+    let after: Vec<Option<u64>> = all.iter().map(|p| generation_of(p, "node-2")).collect();
+    assert_eq!(after, before, "node-2 did not rejoin");
+    for p in &all {
+        assert_eq!(
+            common::procs::in_ring(&p.grpc),
+            ["node-0", "node-1", "node-2"],
+            "{}'s ring",
+            p.id
+        );
+    }
+    // Its keys carry on from their counts, exactly: 3 more each, then none.
+    let got = admitted_per_key(&all, "stall", &keys, LIMIT).await;
+    for (k, (admitted, approximate)) in &got {
+        assert_eq!((*admitted, *approximate), (3, 0), "{k} after the stall");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn exhausted_keys_stay_exhausted_through_joins_leaves_restarts_and_a_crash() {
     let gossip = ports(4);

@@ -42,6 +42,12 @@ pub use crate::config::TOKEN_WINDOW;
 const MAX_SENDERS: usize = 10_000;
 /// The gRPC metadata key carrying the peer token.
 pub const TOKEN_HEADER: &str = "x-sluice-peer";
+/// The caller's membership on every peer call: its generation (8 bytes,
+/// big-endian) then its node id.
+pub const MEMBER_HEADER: &str = "x-sluice-member-bin";
+/// On a refused peer call: the caller's generation is among the answering
+/// node's tombstones (the generation, in decimal). The caller rejoins.
+pub const BURIED_HEADER: &str = "x-sluice-buried";
 
 /// The cluster secret, if one is configured, with this node's token state:
 /// its run id and sequence for the tokens it mints, and the replay window

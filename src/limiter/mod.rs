@@ -128,6 +128,8 @@ struct Topology {
     incoming: Arc<Incoming>,
     /// Keys this node holds for others in this view.
     holdings: Arc<Holdings>,
+    /// Every tombstone this node knows of: peer calls from them are refused.
+    buried: Arc<std::collections::BTreeSet<(Arc<str>, u64)>>,
 }
 
 impl Topology {
@@ -141,6 +143,7 @@ impl Topology {
             size: 1,
             minority: false,
             incoming: Arc::new(Incoming::new(0, 0, [].iter())),
+            buried: Arc::default(),
         }
     }
 }
@@ -234,7 +237,9 @@ impl Limiter {
     pub fn set_view(&self, view: &ClusterView) {
         let old = self.shared.topology.load_full();
         let me = self.shared.node_id.clone();
-        let ready = view.ring.members().len() as u64;
+        // The minority rule counts the ready members this node hears: a
+        // suspect keeps its place in the ring until buried, not its vote.
+        let ready = view.reachable() as u64;
         let size = view.size as u64;
         let minority = ready * 2 <= size && size > 1;
         let rejoined = view.self_generation != old.generation;
@@ -303,6 +308,7 @@ impl Limiter {
             minority,
             incoming: incoming.clone(),
             holdings: holdings.clone(),
+            buried: view.buried.clone(),
         }));
         self.shared.views.send_replace((view.ring.epoch(), number));
         self.export_transfer();
@@ -399,6 +405,17 @@ impl Limiter {
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.shared.metrics
+    }
+
+    /// Whether `(node_id, generation)` is among the tombstones this node
+    /// knows: a call from it comes from a member the cluster declared dead
+    /// (cut off one way, it may not know), and is refused.
+    pub fn is_buried(&self, node_id: &str, generation: u64) -> bool {
+        self.shared
+            .topology
+            .load()
+            .buried
+            .contains(&(Arc::from(node_id), generation))
     }
 
     pub fn presence(&self) -> &Arc<Presence> {

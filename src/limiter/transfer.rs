@@ -18,7 +18,9 @@
 //! A newer view cancels the requests of the one before. A member that
 //! cannot be reached is retried with backoff while the view lasts; meanwhile
 //! the keys only it could hold follow `on_owner_unreachable`. A member that
-//! leaves the live set is no longer waited for (it can answer no more).
+//! leaves the view is no longer waited for (it can answer no more); one
+//! suspected but not buried is still a member and still waited for — it
+//! may hold counts — until a majority buries it (usually within a second).
 //! A protocol-2 member (a rolling upgrade) has no `Transfer`: it never says
 //! `done`, and lacking keys are pulled from it for as long as it is live.
 

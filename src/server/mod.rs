@@ -288,6 +288,7 @@ impl Node {
             threads,
         })
         .await?;
+        peers.attach(membership.presence());
         let mut leases = Leases::new(cluster.lease_max_keys, lease_memory, clock.wall());
         if let Some(seed) = hash_seed {
             leases = leases.seeded(seed ^ 0x1ea5e);

@@ -6,12 +6,20 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 use crate::algorithm::{Bounds, Cost};
-use crate::cluster::auth::{Secret, TOKEN_HEADER};
+use crate::cluster::auth::{BURIED_HEADER, MEMBER_HEADER, Secret, TOKEN_HEADER};
 use crate::cluster::peers::codec as wire;
 use crate::limiter::{Absorb, Ask, Check, ForwardedItem, LimitRef, Limiter, Mode};
 use crate::proto::PEER_PROTOCOL_VERSION;
 use crate::proto::peer as pb;
 use crate::proto::peer::peer_server::Peer;
+
+/// A caller's membership from [`MEMBER_HEADER`]: its generation and node
+/// id; `None` if malformed (the call is then judged as one without it).
+fn caller(bytes: &[u8]) -> Option<(u64, String)> {
+    let (generation, id) = bytes.split_first_chunk::<8>()?;
+    let id = std::str::from_utf8(id).ok()?;
+    Some((u64::from_be_bytes(*generation), id.to_string()))
+}
 
 pub struct PeerService {
     limiter: Limiter,
@@ -84,7 +92,9 @@ impl PeerService {
     }
 
     /// Refuse calls without a valid peer token (when a secret is set), from
-    /// a protocol more than one version apart, or with too many items.
+    /// a protocol more than one version apart, with too many items, or from
+    /// a member this node knows buried (the caller is told, and rejoins:
+    /// its outbound gossip may be lost, so that gossip never tells it).
     fn admit<T>(&self, request: &Request<T>, version: u32, items: usize) -> Result<(), Status> {
         let token = request
             .metadata()
@@ -92,6 +102,21 @@ impl PeerService {
             .and_then(|v| v.to_str().ok());
         if let Err(why) = self.secret.check_peer_token(token) {
             return Err(Status::unauthenticated(format!("peer call refused: {why}")));
+        }
+        if let Some((generation, node_id)) = request
+            .metadata()
+            .get_bin(MEMBER_HEADER)
+            .and_then(|v| v.to_bytes().ok())
+            .and_then(|b| caller(&b))
+            && self.limiter.is_buried(&node_id, generation)
+        {
+            let mut status = Status::failed_precondition(format!(
+                "peer call refused: {node_id} generation {generation} was declared dead; rejoin"
+            ));
+            if let Ok(v) = generation.to_string().parse() {
+                status.metadata_mut().insert(BURIED_HEADER, v);
+            }
+            return Err(status);
         }
         if version.abs_diff(PEER_PROTOCOL_VERSION) > 1 {
             return Err(Status::failed_precondition(format!(
@@ -354,5 +379,21 @@ impl Peer for PeerService {
                 "this node cannot decide the key now (not ready, or its holders are unreachable)",
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::caller;
+
+    #[test]
+    fn a_callers_membership_reads_back_and_a_malformed_one_is_none() {
+        let mut b = 7u64.to_be_bytes().to_vec();
+        b.extend_from_slice("node-1/ü".as_bytes());
+        assert_eq!(caller(&b), Some((7, "node-1/ü".to_string())));
+        assert_eq!(caller(&[1, 2, 3]), None, "shorter than a generation");
+        let mut bad = 7u64.to_be_bytes().to_vec();
+        bad.push(0xff);
+        assert_eq!(caller(&bad), None, "not UTF-8");
     }
 }

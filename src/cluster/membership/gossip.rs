@@ -6,15 +6,33 @@
 //! that saturates the main runtime cannot delay heartbeats into a false
 //! "dead" verdict.
 //!
-//! **Rejoining.** A round that finds its previous stamp older than
-//! `away_after` (the process or machine was stopped — peers may have
-//! declared it dead and moved its keys), or finds this node's own
-//! generation in someone's tombstones (declared dead while cut off one
-//! way), restarts chitchat under a new generation as `joining`. The new
-//! member owns nothing until it turns ready again by the join rule (it saw
-//! its peers and its view held still), and the limiter keeps its old
-//! entries only as copies: the counts are wherever the ring sent them
-//! meanwhile, and come back through the ownership transfer.
+//! **Being slow is not being dead.** A round that finds its previous
+//! stamp older than `away_after` (the process or machine was stopped, or
+//! starved of CPU — peers may have declared it dead and moved its keys)
+//! *fences* the node: it decides nothing as owner, and votes for no
+//! burial, until gossip from after its return tells it where it stands —
+//! a majority of the cluster (itself included) heard with a heartbeat that
+//! moved on past the one read a gossip interval after the return (what
+//! queued up while it was away is not news). Then either its own
+//! generation is among the tombstones, and it rejoins (below), or it is
+//! not, and it owns its keys again as the same member: peers take a
+//! member's keys only once it is buried (`view.rs`), so no one decided
+//! them meanwhile. The node is fenced too while nearly a majority
+//! suspects it (one voice short of a burial): heard by some and not by
+//! others (its outbound gossip lost), it stops deciding before anyone
+//! may start. And it is fenced while it has not heard a majority of the
+//! cluster (itself included) within `away_after` — half the failure
+//! detection its peers need to suspect it: a node cut off stops deciding
+//! before the others could bury it and take its keys, where its own
+//! failure detector (as slow as theirs) would race them.
+//!
+//! **Rejoining.** A node that finds its own generation in someone's
+//! tombstones (declared dead while away or cut off one way) restarts
+//! chitchat under a new generation as `joining`. The new member owns
+//! nothing until it turns ready again by the join rule (it saw its peers
+//! and its view held still), and the limiter keeps its old entries only as
+//! copies: the counts are wherever the ring sent them meanwhile, and come
+//! back through the ownership transfer.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -25,8 +43,9 @@ use chitchat::{ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::hearing::{Hearing, Returning};
 use super::presence::Presence;
-use super::view::{Burials, ClusterView, DEAD, Reading, STATE, SUSPECTS, encode_tombstones};
+use super::view::{Burials, ClusterView, DEAD, Reading, STATE, SUSPECTS, TICK, encode_tombstones};
 use super::{Lifecycle, Slot, join_wait};
 use crate::cluster::auth::AuthTransport;
 
@@ -139,6 +158,15 @@ impl Gossip {
         };
         let _ = ready.send(Ok(()));
         let mut burials = Burials::default();
+        // Back from being away, until gossip says where this node stands.
+        let mut returning: Option<Returning> = None;
+        let mut hearing = Hearing::default();
+        let away = Duration::from_nanos(self.presence.away_after());
+        // Hearing no majority (last round): this node suspects no one.
+        let mut deaf = false;
+        // This node's tick (see `hearing.rs`), moved on every gossip round.
+        let mut pulse: u64 = 0;
+        let mut ticked = tokio::time::Instant::now();
         // Whether this chitchat has yet to gossip the burials (a rejoin's
         // new chitchat starts without them).
         let mut republish = false;
@@ -158,14 +186,33 @@ impl Gossip {
                 (cc.live_nodes_watcher(), changes)
             };
             let (rejoin, was) = loop {
-                let (gap, was) = self.presence.round(self.presence.boot());
+                let gap = self.presence.round(self.presence.boot());
                 if gap >= self.presence.away_after() {
-                    break (format!("away for {:?}", Duration::from_nanos(gap)), was);
+                    tracing::warn!(
+                        away = ?Duration::from_nanos(gap),
+                        "this node was away: owning nothing until gossip says whether the cluster declared it dead"
+                    );
+                    returning = Some(Returning::new(
+                        tokio::time::Instant::now() + self.settings.gossip_interval,
+                    ));
                 }
                 let reading = {
                     let mut cc = chitchat.lock().await;
                     let size = self.view_tx.borrow().size;
-                    if burials.update(&cc, size) || std::mem::take(&mut republish) {
+                    if let Some(r) = returning.as_mut() {
+                        r.observe(&cc);
+                    }
+                    hearing.observe(&cc);
+                    if ticked.elapsed() >= self.settings.gossip_interval {
+                        pulse += 1;
+                        ticked = tokio::time::Instant::now();
+                        cc.self_node_state().set(TICK, pulse.to_string());
+                    }
+                    // Back from away, or hearing no majority, its failure
+                    // detector's word is worth nothing: every peer looks
+                    // silent to it, and no majority hears it anyway.
+                    let may_suspect = returning.is_none() && !deaf;
+                    if burials.update(&cc, size, may_suspect) || std::mem::take(&mut republish) {
                         let state = cc.self_node_state();
                         state.set(DEAD, encode_tombstones(&burials.published));
                         state.set(SUSPECTS, encode_tombstones(&burials.suspects));
@@ -183,12 +230,43 @@ impl Gossip {
                         self.size_floor = None;
                     }
                 }
-                if view.self_tombstoned {
+                if view.self_tombstoned || self.presence.buried_by_word() {
                     let was = self.presence.lifecycle();
                     if was == Lifecycle::Ready {
                         self.presence.set_lifecycle(Lifecycle::Joining);
                     }
-                    break ("declared dead by a peer".to_string(), was);
+                    let why = if view.self_tombstoned {
+                        "declared dead by a peer"
+                    } else {
+                        "a peer refused a call: this generation is buried"
+                    };
+                    break (why.to_string(), was);
+                }
+                if returning.as_ref().is_some_and(|r| r.settled(&view)) {
+                    tracing::info!("back from away and not declared dead: owning again");
+                    returning = None;
+                }
+                self.presence.set_fenced(returning.is_some());
+                let heard = hearing.within(away, &view);
+                deaf = view.size > 1 && (heard + 1) * 2 <= view.size;
+                let cut_off = view.self_suspected() || deaf;
+                if cut_off != self.presence.cut_off() {
+                    // A joining node owns nothing anyway: no word of it.
+                    let word = cut_off && self.presence.lifecycle() == Lifecycle::Ready;
+                    if word && view.self_suspected() {
+                        tracing::warn!(
+                            by = view.suspected_by,
+                            size = view.size,
+                            "suspected by nearly a majority: owning nothing until it clears"
+                        );
+                    } else if word && deaf {
+                        tracing::warn!(
+                            heard,
+                            size = view.size,
+                            "no majority heard lately: owning nothing until one is"
+                        );
+                    }
+                    self.presence.set_cut_off(cut_off);
                 }
                 if !view.same_as(&self.view_tx.borrow()) {
                     let _ = self.view_tx.send(Arc::new(view));
@@ -206,6 +284,9 @@ impl Gossip {
                     }
                 }
             };
+            returning = None;
+            hearing = Hearing::default();
+            deaf = false;
             match self.rejoin(handle, &rejoin, was).await {
                 Some(h) => {
                     handle = h;

@@ -11,6 +11,7 @@
 //! after being away.
 
 mod gossip;
+mod hearing;
 pub mod presence;
 pub mod view;
 

@@ -9,12 +9,15 @@
 //! suspended — `CLOCK_BOOTTIME`, unlike `Instant`, which stops across a
 //! system suspend — and the request path reads that stamp: a stamp older
 //! than half the failure-detection time means "I may have been away",
-//! and the node decides nothing as owner until the gossip loop has rejoined
-//! it as a new member (`gossip.rs`).
+//! and the node is **fenced**: it decides nothing as owner until gossip
+//! tells whether the cluster declared it dead (then it rejoins as a new
+//! member) or not (then it owns its keys again, as the same member) —
+//! see `gossip.rs`. Being slow is not being dead: a stall alone never
+//! makes a node rejoin.
 //!
 //! Cheap on the request path: one clock read per batch and two atomic loads.
 
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
 use super::Lifecycle;
 use crate::clock::SharedClock;
@@ -32,6 +35,18 @@ pub struct Presence {
     away_after: u64,
     /// This run's gossip generation (a rejoin is a new one).
     generation: AtomicU64,
+    /// Owns nothing for now, though ready: back from being away until
+    /// gossip says whether it was declared dead, or suspected by nearly
+    /// a majority (see `gossip.rs`).
+    fenced: AtomicBool,
+    /// Owns nothing for now, yet serves (on leases, as a minority does):
+    /// it hears no majority, or nearly a majority suspects it.
+    cut_off: AtomicBool,
+    /// A generation of this node a peer refused a call from as buried
+    /// (0: none). Gossip may never bring the tombstone — a node whose
+    /// outbound gossip is lost hears no peer's state, only heartbeats —
+    /// but a peer call's answer does.
+    told_buried: AtomicU64,
     /// The node's clock: its boot clock stamps the rounds.
     clock: SharedClock,
 }
@@ -43,6 +58,9 @@ impl Presence {
             stamp: AtomicU64::new(clock.boot()),
             away_after,
             generation: AtomicU64::new(generation),
+            fenced: AtomicBool::new(false),
+            cut_off: AtomicBool::new(false),
+            told_buried: AtomicU64::new(0),
             clock,
         }
     }
@@ -82,18 +100,50 @@ impl Presence {
     }
 
     /// The gossip loop runs at `now` (a [`Presence::boot`] reading). If its previous
-    /// round is older than `away_after`, this node may have been away: a
-    /// ready node turns `joining` *before* the fresh stamp is written (a
-    /// request reads the stamp first, then the state: it never sees a fresh
-    /// stamp with the old `ready`). Returns the gap, and the state it had.
-    pub(super) fn round(&self, now: u64) -> (u64, Lifecycle) {
+    /// round is older than `away_after`, this node may have been away: it
+    /// is fenced *before* the fresh stamp is written (a request reads the
+    /// stamp first, then the fence: it never sees a fresh stamp without
+    /// the fence). Returns the gap.
+    pub(super) fn round(&self, now: u64) -> u64 {
         let gap = now.saturating_sub(self.stamp.load(Ordering::SeqCst));
-        let was = self.lifecycle();
-        if gap >= self.away_after && was == Lifecycle::Ready {
-            self.set_lifecycle(Lifecycle::Joining);
+        if gap >= self.away_after {
+            self.fenced.store(true, Ordering::SeqCst);
         }
         self.stamp.store(now, Ordering::SeqCst);
-        (gap, was)
+        gap
+    }
+
+    /// Fence this node (it owns nothing) or lift the fence.
+    pub(super) fn set_fenced(&self, fenced: bool) {
+        self.fenced.store(fenced, Ordering::SeqCst);
+    }
+
+    pub fn fenced(&self) -> bool {
+        self.fenced.load(Ordering::SeqCst)
+    }
+
+    /// Cut off (see the field), or not.
+    pub(super) fn set_cut_off(&self, cut_off: bool) {
+        self.cut_off.store(cut_off, Ordering::SeqCst);
+    }
+
+    pub fn cut_off(&self) -> bool {
+        self.cut_off.load(Ordering::SeqCst)
+    }
+
+    /// A peer refused a call from `generation` of this node as buried: if
+    /// it is the current one, the node owns nothing from now and rejoins
+    /// at its gossip loop's next round.
+    pub fn told_buried(&self, generation: u64) {
+        if generation != 0 && generation == self.generation() {
+            self.told_buried.store(generation, Ordering::SeqCst);
+        }
+    }
+
+    /// The current generation was reported buried by a peer.
+    pub fn buried_by_word(&self) -> bool {
+        let g = self.told_buried.load(Ordering::SeqCst);
+        g != 0 && g == self.generation()
     }
 
     pub fn away_after(&self) -> u64 {
@@ -105,15 +155,26 @@ impl Presence {
         now.saturating_sub(self.stamp.load(Ordering::SeqCst)) < self.away_after
     }
 
-    /// Ready and present: may decide keys as their owner. The stamp is read
-    /// before the state (see [`Presence::round`]).
-    pub fn may_own(&self, now: u64) -> bool {
-        self.present(now) && self.lifecycle() == Lifecycle::Ready
+    /// Ready, present, not fenced, not told buried: serves as a member
+    /// (what readiness probes report), on leases if cut off. The stamp
+    /// is read before the fence (see [`Presence::round`]).
+    fn serving(&self, now: u64) -> bool {
+        self.present(now)
+            && !self.fenced()
+            && !self.buried_by_word()
+            && self.lifecycle() == Lifecycle::Ready
     }
 
-    /// [`Presence::may_own`] now: what readiness probes report.
+    /// Serving and not cut off: may decide keys as their owner.
+    pub fn may_own(&self, now: u64) -> bool {
+        self.serving(now) && !self.cut_off()
+    }
+
+    /// Serving now: what readiness probes report. A node cut off serves
+    /// on leases, as a minority always has, rather than leave the load
+    /// balancer.
     pub fn is_ready(&self) -> bool {
-        self.may_own(self.boot())
+        self.serving(self.boot())
     }
 }
 
@@ -133,25 +194,32 @@ mod tests {
     fn a_stale_stamp_means_away() {
         let p = Presence::new(1_000, 7, std::sync::Arc::new(SystemClock::new()));
         assert!(!p.may_own(p.boot()), "joining owns nothing");
-        // Stamped while still joining (no transition), then ready: the
+        // Stamped while still joining, then ready, the fence lifted: the
         // real time since `new` never enters the figures (on a loaded
         // machine it can exceed the 1 µs `away_after` of this test).
         let now = p.boot();
-        assert_eq!(p.round(now).1, Lifecycle::Joining);
+        p.round(now);
+        p.set_fenced(false);
         p.set_lifecycle(Lifecycle::Ready);
         assert!(p.may_own(now + 999));
         assert!(!p.may_own(now + 1_000), "a stamp as old as away_after");
-        assert_eq!(p.round(now + 500), (500, Lifecycle::Ready));
-        assert_eq!(
-            p.round(now + 5_500),
-            (5_000, Lifecycle::Ready),
-            "the gap is reported"
-        );
+        assert_eq!(p.round(now + 500), 500);
+        assert!(p.may_own(now + 500), "a round within away_after");
+        assert_eq!(p.round(now + 5_500), 5_000, "the gap is reported");
         assert!(
             !p.may_own(now + 5_500),
-            "back from away: joining, though the stamp is fresh"
+            "back from away: fenced, though the stamp is fresh"
         );
-        p.set_lifecycle(Lifecycle::Ready);
+        assert_eq!(p.lifecycle(), Lifecycle::Ready, "slow is not dead");
+        p.set_fenced(false);
+        assert!(p.may_own(now + 5_500), "the fence lifted: owns again");
+        p.told_buried(6);
+        assert!(p.may_own(now + 5_500), "another generation's burial");
+        p.told_buried(7);
+        assert!(!p.may_own(now + 5_500), "told buried: owns nothing");
+        assert!(p.buried_by_word());
+        p.set_generation(8);
+        assert!(!p.buried_by_word(), "a rejoin is a new generation");
         assert!(p.advance(Lifecycle::Ready, Lifecycle::Leaving));
         assert!(!p.advance(Lifecycle::Joining, Lifecycle::Ready));
         assert_eq!(p.lifecycle(), Lifecycle::Leaving);

@@ -19,6 +19,15 @@
 //! round apart, so for a moment it "sees a majority" and would bury the
 //! first to go — making a member of the real majority rejoin when the cut
 //! heals, for nothing.
+//!
+//! **Rings change on burials, not on suspicions.** A suspected member that
+//! was ready stays in the ring (flagged `suspected`) until it is buried:
+//! no node takes its keys on its own failure detector's word, so a member
+//! only slow, or heard by some and not others, is never decided for by
+//! two nodes at once. Its keys are unreachable meanwhile (forwards fail,
+//! breakers open: leases), and the minority rule counts only the ready
+//! members this node hears. The member itself is fenced while nearly a
+//! majority suspects it (`self_suspected`), before anyone could bury it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -38,6 +47,9 @@ pub(super) const PROTOCOL: &str = "protocol";
 pub(super) const POLICY_HASH: &str = "policy_hash";
 pub(super) const DEAD: &str = "dead";
 pub(super) const SUSPECTS: &str = "suspects";
+/// A counter each member moves on every gossip round: its state then
+/// reaches a peer only by a round trip (see `hearing.rs`).
+pub(super) const TICK: &str = "tick";
 
 /// Tombstones one node gossips at most (the newest generations).
 pub const MAX_TOMBSTONES: usize = 64;
@@ -56,6 +68,9 @@ pub struct MemberInfo {
     pub version: String,
     pub protocol: u32,
     pub policy_hash: String,
+    /// This node's failure detector declares it dead; no one buried it
+    /// (yet): it keeps its place in the ring, and is not counted reachable.
+    pub suspected: bool,
 }
 
 impl MemberInfo {
@@ -71,6 +86,7 @@ impl MemberInfo {
             version: state.get(VERSION).unwrap_or_default().to_string(),
             protocol: state.get(PROTOCOL)?.parse().ok()?,
             policy_hash: state.get(POLICY_HASH).unwrap_or_default().to_string(),
+            suspected: false,
         })
     }
 
@@ -100,7 +116,8 @@ pub struct ClusterView {
     pub self_id: Arc<str>,
     /// This node's generation: a rejoin after being away is a new one.
     pub self_generation: u64,
-    /// Live members (this node included), by node id.
+    /// Members (this node included), by node id: live ones, and ready ones
+    /// suspected but not buried.
     pub members: Vec<MemberInfo>,
     /// The ring over the ready members.
     pub ring: Arc<Ring>,
@@ -110,6 +127,12 @@ pub struct ClusterView {
     pub size: usize,
     /// Someone declared this node's generation dead: it must rejoin.
     pub self_tombstoned: bool,
+    /// Ready peers this node hears whose failure detectors suspect this
+    /// node's generation (one short of a majority may bury it).
+    pub suspected_by: usize,
+    /// Every tombstone this node knows of (its own and its peers'): a
+    /// peer call from one of them is refused, and the caller told.
+    pub buried: Arc<BTreeSet<Tombstone>>,
 }
 
 impl ClusterView {
@@ -122,10 +145,13 @@ impl ClusterView {
             ring: Arc::new(Ring::default()),
             size: 1,
             self_tombstoned: false,
+            suspected_by: 0,
+            buried: Arc::default(),
         }
     }
 
-    /// Every live member (ready, joining or leaving) as a peer to call.
+    /// Every member (ready, joining or leaving; suspected ones too) as a
+    /// peer to call.
     pub fn live(&self) -> Vec<Member> {
         self.members.iter().map(MemberInfo::as_member).collect()
     }
@@ -137,8 +163,24 @@ impl ClusterView {
     /// Whether this node sees a majority of the remembered cluster size
     /// (the limiter's minority rule).
     pub fn has_majority(&self) -> bool {
-        let ready = self.ring.members().len();
+        let ready = self.reachable();
         !(ready * 2 <= self.size && self.size > 1)
+    }
+
+    /// Ready members in the ring this node hears (itself included).
+    pub fn reachable(&self) -> usize {
+        self.members
+            .iter()
+            .filter(|m| !m.suspected && self.ring.member(&m.node_id).is_some())
+            .count()
+            .max(usize::from(self.ring.member(&self.self_id).is_some()))
+    }
+
+    /// Nearly a majority of the cluster suspects this node: one more
+    /// voice and a peer may bury it and take its keys. It owns nothing
+    /// meanwhile.
+    pub fn self_suspected(&self) -> bool {
+        self.suspected_by > 0 && (self.suspected_by + 1) * 2 > self.size
     }
 
     pub(super) fn same_as(&self, other: &ClusterView) -> bool {
@@ -146,6 +188,8 @@ impl ClusterView {
             && self.size == other.size
             && self.self_generation == other.self_generation
             && self.self_tombstoned == other.self_tombstoned
+            && self.suspected_by == other.suspected_by
+            && self.buried == other.buried
     }
 }
 
@@ -161,6 +205,8 @@ pub(super) struct Reading {
     members: Vec<MemberInfo>,
     size: usize,
     self_tombstoned: bool,
+    suspected_by: usize,
+    buried: BTreeSet<Tombstone>,
 }
 
 impl Reading {
@@ -179,10 +225,13 @@ impl Reading {
             }
         }
         let buried = |id: &ChitchatId| dead.contains(&(id.node_id.clone(), id.generation_id));
-        // One entry per node id: the newest generation (a restart is not two nodes).
+        // One entry per node id: the newest generation (a restart is not
+        // two nodes). Ready members this node suspects stay until buried.
+        let live: BTreeSet<&ChitchatId> = chitchat.live_nodes().collect();
         let mut members: BTreeMap<Arc<str>, MemberInfo> = BTreeMap::new();
-        for id in chitchat.live_nodes().filter(|id| !buried(id)) {
-            let Some(m) = chitchat
+        let known = chitchat.live_nodes().chain(chitchat.dead_nodes());
+        for id in known.filter(|id| !buried(id)) {
+            let Some(mut m) = chitchat
                 .node_state(id)
                 .and_then(|s| MemberInfo::parse(id, s))
             else {
@@ -190,6 +239,12 @@ impl Reading {
             };
             if m.state == Lifecycle::Left {
                 // Gone after leaving, though its heartbeat may linger.
+                continue;
+            }
+            m.suspected = !live.contains(id);
+            if m.suspected && m.state != Lifecycle::Ready {
+                // Joining, it owned nothing; leaving, it handed off (and
+                // no tombstone would ever end its wait).
                 continue;
             }
             match members.get(&m.node_id) {
@@ -225,8 +280,30 @@ impl Reading {
                 counted.insert(id.node_id.clone());
             }
         }
+        // The ready peers this node hears that suspect it (their newest
+        // generation, one voice each).
+        let me = (self_id.clone(), self_cc.generation_id);
+        let suspected_by = live
+            .iter()
+            .filter(|id| {
+                members.get(&id.node_id).is_some_and(|m| {
+                    m.node_id != self_id
+                        && m.generation == id.generation_id
+                        && m.state == Lifecycle::Ready
+                })
+            })
+            .filter(|id| {
+                chitchat
+                    .node_state(id)
+                    .and_then(|s| s.get(SUSPECTS))
+                    .is_some_and(|list| parse_tombstones(list).contains(&me))
+            })
+            .count();
+        let self_tombstoned = buried(self_cc);
         Reading {
-            self_tombstoned: buried(self_cc),
+            suspected_by,
+            self_tombstoned,
+            buried: dead,
             self_id,
             self_generation: self_cc.generation_id,
             members: members.into_values().collect(),
@@ -256,6 +333,12 @@ impl Reading {
             ring,
             size: self.size,
             self_tombstoned: self.self_tombstoned,
+            suspected_by: self.suspected_by,
+            buried: if self.buried == *previous.buried {
+                previous.buried.clone()
+            } else {
+                Arc::new(self.buried)
+            },
         }
     }
 }
@@ -293,7 +376,16 @@ impl Burials {
     /// over; a node cut off alone decides on leases, and must not make the
     /// majority rejoin when the cut heals. Newest generations first, at
     /// most [`MAX_TOMBSTONES`] of each. Returns whether either set changed.
-    pub fn update(&mut self, chitchat: &chitchat::Chitchat, size: usize) -> bool {
+    ///
+    /// `may_suspect` false (this node is back from being away, and its
+    /// failure detector has yet to hear its peers again): it suspects no
+    /// one and votes for no burial — on waking, every peer looks silent.
+    pub fn update(
+        &mut self,
+        chitchat: &chitchat::Chitchat,
+        size: usize,
+        may_suspect: bool,
+    ) -> bool {
         let pair = |id: &ChitchatId| (id.node_id.clone(), id.generation_id);
         self.seen_live.extend(chitchat.live_nodes().map(pair));
         self.seen_live.retain(|(id, g)| {
@@ -319,7 +411,7 @@ impl Burials {
         let suspects = newest(
             known_dead
                 .iter()
-                .filter(|t| self.seen_live.contains(*t))
+                .filter(|t| may_suspect && self.seen_live.contains(*t))
                 .cloned()
                 .collect(),
         );
@@ -364,7 +456,7 @@ impl Burials {
         // one it knows only as dead (it joined or rejoined after the
         // death) that a peer saw die; otherwise a majority that took a
         // member's keys over could never bury it.
-        let self_ready = ready(self_cc);
+        let self_ready = ready(self_cc) && may_suspect;
         let corroborated = known_dead.iter().filter(|t| {
             let others = voices
                 .iter()
@@ -425,6 +517,7 @@ mod tests {
             version: String::new(),
             protocol: PEER_PROTOCOL_VERSION,
             policy_hash: String::new(),
+            suspected: false,
         }
     }
 
@@ -435,6 +528,8 @@ mod tests {
             members,
             size: 3,
             self_tombstoned: false,
+            suspected_by: 0,
+            buried: BTreeSet::new(),
         }
     }
 
@@ -467,6 +562,37 @@ mod tests {
         assert!(!Arc::ptr_eq(&second.ring, &third.ring));
         assert_eq!(third.ring.members().len(), 3);
         assert_eq!(third.ring.epoch(), Ring::new(third.live()).epoch());
+    }
+
+    /// A suspect keeps its place in the ring (no one takes its keys on one
+    /// failure detector's word) but not its vote in the minority rule; a
+    /// node one voice short of burial owns nothing.
+    #[test]
+    fn a_suspect_stays_in_the_ring_but_is_not_counted_reachable() {
+        use Lifecycle::Ready;
+        let mut c = member("c", Ready);
+        c.suspected = true;
+        let mut b = member("b", Ready);
+        b.suspected = true;
+        let view = reading(vec![member("a", Ready), b, c]).into_view(&ClusterView::alone("a", 1));
+        assert_eq!(view.ring.members().len(), 3, "suspects keep their keys");
+        assert_eq!(view.reachable(), 1);
+        assert!(!view.has_majority(), "hearing 1 of 3: a minority");
+        let mut view = reading(vec![
+            member("a", Ready),
+            member("b", Ready),
+            member("c", Ready),
+        ])
+        .into_view(&ClusterView::alone("a", 1));
+        assert!(view.has_majority());
+        assert!(!view.self_suspected());
+        view.suspected_by = 1;
+        assert!(view.self_suspected(), "of 3, one more voice buries it");
+        view.size = 6;
+        view.suspected_by = 2;
+        assert!(!view.self_suspected(), "of 6, burial takes 4 voices");
+        view.suspected_by = 3;
+        assert!(view.self_suspected());
     }
 
     #[test]

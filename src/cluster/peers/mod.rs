@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -17,9 +17,10 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
-use super::auth::{Secret, TOKEN_HEADER};
+use super::auth::{BURIED_HEADER, MEMBER_HEADER, Secret, TOKEN_HEADER};
 use super::breaker::{Allow, Breaker, State as BreakerState};
 use super::faults::Faults;
+use super::membership::Presence;
 use super::ring::{Member, Ring};
 use crate::algorithm::Bounds;
 use crate::clock::SharedClock;
@@ -115,6 +116,9 @@ struct Sender {
     gone: CancellationToken,
     /// Forward latency and replication lag, for the status page.
     figures: Arc<figures::Figures>,
+    /// This node's presence, once membership runs: each call carries its
+    /// generation, and a peer's "buried" answer goes to it.
+    presence: Arc<OnceLock<Arc<Presence>>>,
 }
 
 /// The set of peer clients; cheap to clone.
@@ -132,6 +136,7 @@ struct PeersInner {
     faults: Arc<Faults>,
     /// A std Mutex: held to look up or swap a client, never across an await.
     peers: Mutex<HashMap<Arc<str>, Arc<Peer>>>,
+    presence: Arc<OnceLock<Arc<Presence>>>,
 }
 
 impl Peers {
@@ -151,8 +156,16 @@ impl Peers {
                 metrics,
                 faults,
                 peers: Mutex::new(HashMap::new()),
+                presence: Arc::new(OnceLock::new()),
             }),
         }
+    }
+
+    /// Calls carry this node's membership from now on, and a peer's word
+    /// that this generation is buried reaches `presence` (membership
+    /// starts after the peers exist: the limiter needs both).
+    pub fn attach(&self, presence: Arc<Presence>) {
+        let _ = self.inner.presence.set(presence);
     }
 
     pub fn settings(&self) -> &ForwardSettings {
@@ -243,6 +256,7 @@ impl Peers {
             faults: self.inner.faults.clone(),
             clock: settings.clock.clone(),
             clock_warned: Arc::new(AtomicBool::new(false)),
+            presence: self.inner.presence.clone(),
             gone: stop.clone(),
             figures: Arc::default(),
         };

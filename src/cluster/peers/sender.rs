@@ -16,7 +16,7 @@ const CLOCK_CLEAR: Duration = Duration::from_millis(200);
 const CLOCK_MAX_RTT: u64 = 50_000_000;
 
 impl Sender {
-    /// The deadline and token of a peer call.
+    /// The deadline, token and membership of a peer call.
     fn authorize<T>(&self, request: &mut tonic::Request<T>, timeout: Duration) {
         request.set_timeout(timeout);
         if let Some(token) = self.secret.peer_token(&self.self_id)
@@ -24,6 +24,29 @@ impl Sender {
         {
             request.metadata_mut().insert(TOKEN_HEADER, value);
         }
+        if let Some(p) = self.presence.get() {
+            let mut member = p.generation().to_be_bytes().to_vec();
+            member.extend_from_slice(self.self_id.as_bytes());
+            request.metadata_mut().insert_bin(
+                MEMBER_HEADER,
+                tonic::metadata::MetadataValue::from_bytes(&member),
+            );
+        }
+    }
+
+    /// A refusal that says this node's generation is buried: tell presence
+    /// (the node owns nothing from now, and rejoins). Whether it was one.
+    fn heard(&self, status: &tonic::Status) -> bool {
+        let buried = status
+            .metadata()
+            .get(BURIED_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if let (Some(generation), Some(p)) = (buried, self.presence.get()) {
+            tracing::warn!(peer = %self.node_id, generation, "a peer says this node's generation is buried");
+            p.told_buried(generation);
+        }
+        buried.is_some()
     }
 
     /// A test-injected cut behaves like a network that drops packets: the
@@ -92,6 +115,7 @@ impl Sender {
     /// A call's error status as a forward error: a refusal for the call's
     /// size or shape (the peer answered) is not unreachability.
     fn failed(&self, status: &tonic::Status) -> ForwardError {
+        self.heard(status);
         let peer = self.node_id.to_string();
         let reason = format!("{}: {}", status.code(), status.message());
         match status.code() {
@@ -174,6 +198,13 @@ impl Sender {
             }
             Ok(Err(status)) => {
                 self.metrics.forward_error(&self.node_id, "rpc");
+                if self.heard(&status) {
+                    // The peer answered: not a failure for its breaker.
+                    return Err(ForwardError::Refused {
+                        peer: self.node_id.to_string(),
+                        reason: status.message().to_string(),
+                    });
+                }
                 return Err(unreachable(format!(
                     "{}: {}",
                     status.code(),
