@@ -20,9 +20,10 @@
 //! them meanwhile. The node is fenced too while nearly a majority
 //! suspects it (one voice short of a burial): heard by some and not by
 //! others (its outbound gossip lost), it stops deciding before anyone
-//! may start. And it is fenced while it has not heard a majority of the
-//! cluster (itself included) within `away_after` — half the failure
-//! detection its peers need to suspect it: a node cut off stops deciding
+//! may start. And it owns nothing while it has not heard a majority of
+//! the cluster (itself included) within one and a half `away_after` —
+//! short of the failure detection (twice `away_after`) and the vote its
+//! peers need to bury it: a node cut off stops deciding
 //! before the others could bury it and take its keys, where its own
 //! failure detector (as slow as theirs) would race them.
 //!
@@ -45,7 +46,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::hearing::{Hearing, Returning};
 use super::presence::Presence;
-use super::view::{Burials, ClusterView, DEAD, Reading, STATE, SUSPECTS, TICK, encode_tombstones};
+use super::view::{Burials, ClusterView, DEAD, Reading, STATE, SUSPECTS, encode_tombstones};
 use super::{Lifecycle, Slot, join_wait};
 use crate::cluster::auth::AuthTransport;
 
@@ -162,11 +163,13 @@ impl Gossip {
         let mut returning: Option<Returning> = None;
         let mut hearing = Hearing::default();
         let away = Duration::from_nanos(self.presence.away_after());
+        // Heard from no majority this long: cut off. Half again
+        // `away_after` — still short of the failure detection (twice
+        // `away_after`) and the vote the others need to bury this node,
+        // with room for a loaded machine's late rounds.
+        let deaf_after = away + away / 2;
         // Hearing no majority (last round): this node suspects no one.
         let mut deaf = false;
-        // This node's tick (see `hearing.rs`), moved on every gossip round.
-        let mut pulse: u64 = 0;
-        let mut ticked = tokio::time::Instant::now();
         // Whether this chitchat has yet to gossip the burials (a rejoin's
         // new chitchat starts without them).
         let mut republish = false;
@@ -203,11 +206,6 @@ impl Gossip {
                         r.observe(&cc);
                     }
                     hearing.observe(&cc);
-                    if ticked.elapsed() >= self.settings.gossip_interval {
-                        pulse += 1;
-                        ticked = tokio::time::Instant::now();
-                        cc.self_node_state().set(TICK, pulse.to_string());
-                    }
                     // Back from away, or hearing no majority, its failure
                     // detector's word is worth nothing: every peer looks
                     // silent to it, and no majority hears it anyway.
@@ -247,7 +245,7 @@ impl Gossip {
                     returning = None;
                 }
                 self.presence.set_fenced(returning.is_some());
-                let heard = hearing.within(away, &view);
+                let heard = hearing.within(deaf_after, &view);
                 deaf = view.size > 1 && (heard + 1) * 2 <= view.size;
                 let cut_off = view.self_suspected() || deaf;
                 if cut_off != self.presence.cut_off() {

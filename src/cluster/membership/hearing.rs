@@ -4,50 +4,36 @@
 //! a majority since (past what queued up while it was away) — see
 //! `gossip.rs`.
 //!
-//! **Heard means a round trip.** Chitchat moves a member's heartbeat on a
-//! mere digest — the first message of a round, which needs nothing from
-//! this node — but its key-values only in the replies to this node's own
-//! messages. A node whose outbound gossip is lost still sees every
-//! heartbeat move, and no state at all: it must not count as hearing
-//! anyone. So each member publishes a key, [`TICK`], every gossip round,
-//! and a peer is heard when its state's version moves on. (A peer that
-//! publishes no tick — the previous release, in a rolling upgrade — is
-//! heard by its heartbeat, as before.) Only ready members of the view, at
-//! their generation, count: the ones that could vote to bury this node.
+//! **Heard means a heartbeat that moved on**, as any gossip message
+//! reports it (a digest carries every member's): frequent enough that a
+//! loaded machine does not cut its nodes off for nothing. It is not proof
+//! of a round trip — chitchat moves heartbeats on a digest alone, so a
+//! node whose outbound gossip is lost still hears everyone; that node
+//! learns it was buried from its next peer call (the burial word, see
+//! `gossip.rs`). A version-based tick, which needs a round trip, was
+//! tried: within `away_after` it missed under CI's load and cut healthy
+//! nodes off. Only ready members of the view, at their generation,
+//! count: the ones that could vote to bury this node.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use chitchat::{ChitchatId, Heartbeat, NodeState, Version};
+use chitchat::{ChitchatId, Heartbeat, NodeState};
 
 use super::Lifecycle;
-use super::view::{ClusterView, TICK};
+use super::view::ClusterView;
 
-/// How far a member's state has come, as this node read it.
+/// How far a member's heartbeat has come, as this node read it.
 #[derive(Clone, Copy, PartialEq, Eq)]
-struct Pulse {
-    version: Version,
-    heartbeat: Heartbeat,
-    ticks: bool,
-}
+struct Pulse(Heartbeat);
 
 impl Pulse {
     fn of(s: &NodeState) -> Pulse {
-        Pulse {
-            version: s.max_version(),
-            heartbeat: s.heartbeat(),
-            ticks: s.get(TICK).is_some(),
-        }
+        Pulse(s.heartbeat())
     }
 
-    /// `self` came in after `before`: state (or, from a peer that does not
-    /// tick, a heartbeat) that needed a round trip.
     fn moved_on(&self, before: &Pulse) -> bool {
-        if self.ticks {
-            self.version > before.version
-        } else {
-            self.heartbeat > before.heartbeat
-        }
+        self.0 > before.0
     }
 }
 

@@ -47,9 +47,6 @@ pub(super) const PROTOCOL: &str = "protocol";
 pub(super) const POLICY_HASH: &str = "policy_hash";
 pub(super) const DEAD: &str = "dead";
 pub(super) const SUSPECTS: &str = "suspects";
-/// A counter each member moves on every gossip round: its state then
-/// reaches a peer only by a round trip (see `hearing.rs`).
-pub(super) const TICK: &str = "tick";
 
 /// Tombstones one node gossips at most (the newest generations).
 pub const MAX_TOMBSTONES: usize = 64;
