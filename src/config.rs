@@ -172,8 +172,20 @@ pub struct ClusterConfig {
     /// for a real cluster).
     pub advertise_host: Option<String>,
     /// Other nodes' gossip addresses, host:port; DNS names are re-resolved
-    /// (in Kubernetes, a headless Service name).
+    /// (in Kubernetes, a headless Service name). With seeds, a node turns
+    /// ready only once it reaches a peer: it never decides alone, from
+    /// empty counts, because its seeds were down, partitioned away or
+    /// spoke another secret (see `bootstrap_expect`).
     pub seeds: Vec<String>,
+    /// How a brand-new cluster forms: a node with seeds that sees no ready
+    /// peer turns ready once it sees this many nodes (itself included), none
+    /// ready, all joining together. A node that sees a ready peer joins it
+    /// at once. Default 2: any two nodes that find each other start a
+    /// cluster; set it to a majority of the planned fleet so that nodes
+    /// restarted all at once on two sides of a partition cannot form two.
+    /// 1: a node with seeds that reaches no one starts alone (today's
+    /// single-node DaemonSet on a one-node Kubernetes cluster needs it).
+    pub bootstrap_expect: usize,
     /// The shared secret: gossip datagrams and peer calls carry an HMAC over
     /// it. Prefer `secret_file` (or `SLUICE_CLUSTER__SECRET`) to a literal.
     pub secret: Option<String>,
@@ -294,6 +306,7 @@ impl Default for ClusterConfig {
             gossip_addr: "0.0.0.0:7946".parse().expect("valid literal"),
             advertise_host: None,
             seeds: Vec::new(),
+            bootstrap_expect: 2,
             secret: None,
             secret_file: None,
             generation: None,
@@ -448,6 +461,10 @@ pub const MAX_FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The longest `grpc_uds` path a Unix socket address holds.
 pub const MAX_UDS_PATH: usize = 107;
+
+/// The most nodes a brand-new cluster may wait to see before it forms
+/// (a fleet larger than this still forms: a majority of it is enough).
+pub const MAX_BOOTSTRAP_EXPECT: usize = 1_024;
 
 /// The longest any other interval setting may be (a week: `dead_grace`,
 /// an hour by default, is the longest anyone sets).

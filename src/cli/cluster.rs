@@ -1,4 +1,5 @@
-//! `sluice cluster status`: the members a node sees, their states and ring shares.
+//! `sluice cluster status`: the members a node sees, their states and ring
+//! shares; `sluice cluster accept-best-copies`: end the regions of doubt.
 
 use clap::{Args, Subcommand};
 
@@ -24,10 +25,29 @@ enum ClusterCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Decide every key in doubt from its best copy now, on the node asked
+    /// and (`--all`) every member it sees: for when the owner and replica
+    /// holder lost together are known not to come back (what they admitted
+    /// past that copy is lost). Without it, that happens when
+    /// `cluster.in_doubt_grace` passes.
+    AcceptBestCopies {
+        /// The node's admin address (as for `status`).
+        #[arg(long, default_value = "127.0.0.1:8082")]
+        addr: String,
+        /// Every member the node asked sees, at its peer address (needs
+        /// the cluster secret as the operator's credential).
+        #[arg(long)]
+        all: bool,
+    },
 }
 
 pub async fn run(args: ClusterArgs) -> CliResult {
-    let ClusterCommand::Status { addr, json } = args.command;
+    let (addr, json) = match args.command {
+        ClusterCommand::Status { addr, json } => (addr, json),
+        ClusterCommand::AcceptBestCopies { addr, all } => {
+            return accept_best_copies(&args.operator, &addr, all).await;
+        }
+    };
     let mut client = args.operator.admin(&addr).await?;
     let s = client
         .cluster_status(pb::ClusterStatusRequest {})
@@ -53,6 +73,8 @@ pub async fn run(args: ClusterArgs) -> CliResult {
             "cluster_size": s.cluster_size,
             "view": s.view,
             "transfer_complete": s.transfer_complete,
+            "doubt_regions": s.doubt_regions,
+            "keys_in_doubt": s.keys_in_doubt,
             "members": members,
         });
         println!("{out}");
@@ -102,5 +124,60 @@ pub async fn run(args: ClusterArgs) -> CliResult {
             "in progress (keys this node lacks are pulled before they are decided)"
         }
     );
+    if s.doubt_regions > 0 {
+        println!(
+            "keys in doubt: {} region(s) open, {} key(s) decided as unreachable until a lost holder is back or cluster.in_doubt_grace passes (`sluice cluster accept-best-copies` ends them now)",
+            s.doubt_regions, s.keys_in_doubt
+        );
+    }
+    Ok(())
+}
+
+async fn accept_best_copies(operator: &super::Operator, addr: &str, all: bool) -> CliResult {
+    let mut targets = vec![(String::from("(asked)"), addr.to_string())];
+    if all {
+        let status = operator
+            .admin(addr)
+            .await?
+            .cluster_status(pb::ClusterStatusRequest {})
+            .await?
+            .into_inner();
+        targets = status
+            .members
+            .iter()
+            .map(|m| {
+                let at = if m.node_id == status.self_node_id {
+                    addr.to_string()
+                } else {
+                    m.grpc_addr.clone()
+                };
+                (m.node_id.clone(), at)
+            })
+            .collect();
+    }
+    let mut failed = 0;
+    for (node, at) in &targets {
+        let answer = match operator.admin(at).await {
+            Ok(mut c) => c
+                .accept_best_copies(pb::AcceptBestCopiesRequest {})
+                .await
+                .map(|r| r.into_inner())
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match answer {
+            Ok(r) => println!(
+                "{node} {at}: {} region(s) ended, {} key(s) now decided from their best copy",
+                r.regions, r.keys
+            ),
+            Err(e) => {
+                failed += 1;
+                println!("{node} {at}: not reached: {e}");
+            }
+        }
+    }
+    if failed > 0 {
+        return Err(format!("{failed} of {} node(s) not reached", targets.len()).into());
+    }
     Ok(())
 }

@@ -160,6 +160,7 @@ impl Config {
             ("cluster.peer_queue", c.peer_queue),
             ("cluster.peer_in_flight", c.peer_in_flight),
             ("cluster.lease_max_keys", c.lease_max_keys),
+            ("cluster.bootstrap_expect", c.bootstrap_expect),
             (
                 "cluster.client_allotments.max_clients",
                 c.client_allotments.max_clients,
@@ -176,6 +177,11 @@ impl Config {
             if v == 0 {
                 return Err(ConfigError(format!("{key}: must be greater than zero")));
             }
+        }
+        if c.bootstrap_expect > MAX_BOOTSTRAP_EXPECT {
+            return Err(ConfigError(format!(
+                "cluster.bootstrap_expect: at most {MAX_BOOTSTRAP_EXPECT} (the nodes a brand-new cluster waits to see; a majority of the planned fleet is enough)"
+            )));
         }
         let secret = c.secret_bytes()?;
         if !c.seeds.is_empty() && secret.is_none() {

@@ -23,11 +23,16 @@
 //! re-replicated to it) still put the key in doubt at a third node.
 //!
 //! A node that just started knows no view before it, so it opens no
-//! region for the losses before its start: a node restarted while the
-//! other holder of its keys is still down answers them from what the
-//! transfer brings (open — see the README's "What is still lost"; a ring
-//! guessed from gossip's tombstones put keys in doubt after ordinary
-//! restarts and joins, so it is not used).
+//! region for the losses before its start (a ring guessed from gossip's
+//! tombstones put keys in doubt after ordinary restarts and joins). It
+//! *adopts* the regions its peers publish instead (`doubts` gossip key,
+//! `cluster/membership/doubts.rs`) when it holds none of its own over the
+//! same losses: a node restarted while the other holder of its keys is
+//! still down learns from the node that saw both go that those keys are
+//! in doubt. The adopted region's ring before is rebuilt from this node's
+//! ring and the gone members (positions depend on node ids alone); an
+//! older generation of this node is gone like any other member — its
+//! counts died with that process.
 //!
 //! The test is per key, over a few *regions* (one per change that took
 //! members away, kept until resolved or past the grace), each a previous
@@ -39,6 +44,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::algorithm::Nanos;
+use crate::cluster::membership::doubts::PublishedDoubt;
 use crate::cluster::ring::{Member, Ring};
 
 /// Keys remembered per region as decided in doubt (for the gauge and the
@@ -49,6 +55,13 @@ pub const MAX_COUNTED: usize = 100_000;
 /// Regions kept at most: each is a change that took members away within
 /// the grace. Beyond it the oldest is taken from its best copy early.
 pub const MAX_REGIONS: usize = 64;
+
+/// Peers' regions remembered as adopted (so one that ended here is not
+/// adopted again from a peer still publishing it).
+const MAX_ADOPTED: usize = 64;
+
+/// Members lost, by id and generation (sorted where compared).
+type Losses = Vec<(Arc<str>, u64)>;
 
 /// One change that took members away.
 #[derive(Debug)]
@@ -69,12 +82,13 @@ struct Region {
 }
 
 impl Region {
-    /// Whether `k` (owned by `me` now) is in doubt under this region:
-    /// its owner in `previous` and that owner's replica holder are gone,
-    /// and this node was neither.
-    fn covers(&self, k: &[u8], me: &str) -> bool {
-        let gone =
-            |m: &Member| &*m.node_id != me && self.gone.iter().any(|(id, _)| *id == m.node_id);
+    /// Whether `k` (owned by this node now) is in doubt under this
+    /// region: its owner in `previous` and that owner's replica holder are
+    /// gone (so this node was neither).
+    fn covers(&self, k: &[u8]) -> bool {
+        // This node is never among the gone of a region it opened; of an
+        // adopted one, only as an older generation (another process).
+        let gone = |m: &Member| self.gone.iter().any(|(id, _)| *id == m.node_id);
         let Some(owner) = self.previous.owner(k) else {
             return false;
         };
@@ -122,6 +136,8 @@ pub struct Doubts {
     /// covers nothing until a second member goes).
     any: AtomicBool,
     grace: Nanos,
+    /// The losses of peers' regions adopted (sorted), oldest first.
+    adopted: Mutex<Vec<Losses>>,
 }
 
 impl Doubts {
@@ -130,6 +146,7 @@ impl Doubts {
             regions: Mutex::new(Vec::new()),
             any: AtomicBool::new(false),
             grace,
+            adopted: Mutex::new(Vec::new()),
         }
     }
 
@@ -174,7 +191,13 @@ impl Doubts {
         // holders of record are back, nothing was taken from a best copy.
         regions.retain(|r| !r.gone.is_empty());
         let until = now.saturating_add(self.grace);
-        if !gone.is_empty() {
+        // A region over the same ring is already open (a suspect, then
+        // buried; or the view changed for another reason): the losses
+        // joined it above.
+        let known = regions
+            .iter()
+            .any(|r| r.previous.epoch() == c.previous.epoch());
+        if !gone.is_empty() && !known {
             regions.push(Region {
                 previous: c.previous.clone(),
                 gone,
@@ -193,10 +216,92 @@ impl Doubts {
         ended
     }
 
-    /// Whether `k`, which `me` owns now, is in doubt at `now`. A key found
+    /// This node's open regions that can hold a key in doubt, as it
+    /// publishes them: who went, and the time left.
+    pub fn published(&self, now: Nanos) -> Vec<PublishedDoubt> {
+        let regions = self.regions();
+        let mut open: Vec<&Region> = regions
+            .iter()
+            .filter(|r| r.can_cover() && r.until > now)
+            .collect();
+        // The most time left first: those are what a bound keeps.
+        open.sort_by_key(|r| std::cmp::Reverse(r.until));
+        open.iter()
+            .map(|r| PublishedDoubt {
+                gone: r.gone.clone(),
+                remaining: std::time::Duration::from_nanos(r.until.saturating_sub(now)),
+            })
+            .collect()
+    }
+
+    /// Adopt the regions peers publish over losses this node holds no
+    /// region of its own for (a node that did not see the change:
+    /// restarted, or new). `ring` is this node's ring now; `me` and
+    /// `born` its id and the generation its process started as: an older
+    /// generation of itself is gone like any other member, a newer one is
+    /// this process. At most the grace is adopted; a region adopted once
+    /// is not adopted again. Returns how many were adopted.
+    pub fn adopt(
+        &self,
+        published: &[PublishedDoubt],
+        ring: &Ring,
+        me: &str,
+        born: u64,
+        now: Nanos,
+    ) -> usize {
+        let mut adopted = self.adopted.lock().unwrap_or_else(|p| p.into_inner());
+        let mut regions = self.regions();
+        let mut count = 0;
+        for p in published {
+            let mut gone: Vec<(Arc<str>, u64)> = p
+                .gone
+                .iter()
+                .filter(|(id, g)| !(&**id == me && *g >= born))
+                .cloned()
+                .collect();
+            gone.sort();
+            gone.dedup();
+            let holds = |r: &Region| gone.iter().all(|g| r.gone.contains(g));
+            let full = regions.len() >= MAX_REGIONS;
+            if full || gone.len() < 2 || adopted.contains(&gone) || regions.iter().any(holds) {
+                continue;
+            }
+            let previous = ring
+                .members()
+                .iter()
+                .filter(|m| !gone.iter().any(|(id, _)| *id == m.node_id))
+                .cloned()
+                .chain(gone.iter().map(|(id, g)| Member {
+                    node_id: id.clone(),
+                    generation: *g,
+                    grpc_addr: String::new(),
+                    protocol: 0,
+                }));
+            let remaining = (p.remaining.as_nanos().min(u64::MAX as u128) as u64).min(self.grace);
+            regions.push(Region {
+                previous: Arc::new(Ring::new(previous)),
+                gone: gone.clone(),
+                until: now.saturating_add(remaining),
+                keys: HashSet::new(),
+                overflow: 0,
+            });
+            if adopted.len() >= MAX_ADOPTED {
+                adopted.remove(0);
+            }
+            adopted.push(gone);
+            count += 1;
+        }
+        if count > 0 {
+            self.any
+                .store(regions.iter().any(Region::can_cover), Ordering::Release);
+        }
+        count
+    }
+
+    /// Whether `k`, which this node owns now, is in doubt at `now`. A key found
     /// in doubt is remembered for the counts. Regions past their grace end
     /// here (what they came to is added to `ended`).
-    pub fn in_doubt(&self, k: &[u8], me: &str, now: Nanos, ended: &mut Ended) -> bool {
+    pub fn in_doubt(&self, k: &[u8], now: Nanos, ended: &mut Ended) -> bool {
         if !self.any.load(Ordering::Acquire) {
             return false;
         }
@@ -205,7 +310,7 @@ impl Doubts {
         let mut doubt = false;
         let mut hash = None;
         for r in regions.iter_mut() {
-            if r.can_cover() && r.covers(k, me) {
+            if r.can_cover() && r.covers(k) {
                 doubt = true;
                 let h = *hash.get_or_insert_with(|| key_hash(k));
                 if !r.keys.contains(&h) {
@@ -246,6 +351,32 @@ impl Doubts {
         }
     }
 
+    /// End every region now (an operator's word that the lost holders
+    /// are not coming back): their keys are decided from the best copy
+    /// from the next call on. Their losses are remembered as adopted, so
+    /// a peer's word does not bring them back. Returns the regions that
+    /// could hold keys in doubt, and what they came to.
+    pub fn accept_all(&self) -> (usize, Ended) {
+        let mut adopted = self.adopted.lock().unwrap_or_else(|p| p.into_inner());
+        let mut regions = self.regions();
+        let mut ended = Ended::default();
+        let mut count = 0;
+        for r in regions.drain(..) {
+            count += usize::from(r.can_cover());
+            ended.taken = ended.taken.saturating_add(r.counted());
+            let mut gone = r.gone;
+            gone.sort();
+            if !adopted.contains(&gone) {
+                if adopted.len() >= MAX_ADOPTED {
+                    adopted.remove(0);
+                }
+                adopted.push(gone);
+            }
+        }
+        self.any.store(false, Ordering::Release);
+        (count, ended)
+    }
+
     /// Keys decided in doubt in the regions still open (the gauge), and
     /// the regions that can hold keys in doubt.
     pub fn figures(&self) -> (u64, usize) {
@@ -272,9 +403,64 @@ impl super::Limiter {
             return false;
         }
         let mut ended = Ended::default();
-        let doubt = doubts.in_doubt(k, &self.shared.node_id, self.now(), &mut ended);
+        let doubt = doubts.in_doubt(k, self.now(), &mut ended);
         self.doubts_ended(ended);
         doubt
+    }
+
+    /// Adopt the regions of doubt the peers this node hears publish, over
+    /// losses it holds no region for (it did not see them: restarted, or
+    /// new). On every view, before this node owns a key of it: a node
+    /// joining reads its peers' word while it waits to turn ready.
+    pub(super) fn adopt_doubts(&self, view: &crate::cluster::membership::ClusterView) {
+        let me = &*self.shared.node_id;
+        let word: Vec<PublishedDoubt> = view
+            .members
+            .iter()
+            .filter(|m| &*m.node_id != me && !m.suspected)
+            .flat_map(|m| m.doubts.iter().cloned())
+            .collect();
+        if word.is_empty() {
+            return;
+        }
+        let adopted = self
+            .shared
+            .doubts
+            .adopt(&word, &view.ring, me, self.shared.born, self.now());
+        if adopted > 0 {
+            tracing::warn!(
+                regions = adopted,
+                "adopted peers' regions of doubt: keys whose owner and replica holder were lost together before this node joined are decided as unreachable until one is back or cluster.in_doubt_grace passes"
+            );
+        }
+    }
+
+    /// End every region of doubt now (the admin command): returns the
+    /// regions ended and the keys decided in doubt under them.
+    pub fn accept_best_copies(&self) -> (usize, u64) {
+        let (regions, ended) = self.shared.doubts.accept_all();
+        let keys = ended.taken;
+        if regions > 0 {
+            tracing::warn!(
+                regions,
+                keys,
+                "an operator accepted the best copies of the keys in doubt"
+            );
+        }
+        self.doubts_ended(ended);
+        self.settle_doubts();
+        (regions, keys)
+    }
+
+    /// Open regions of doubt and the keys decided in doubt under them.
+    pub fn doubt_figures(&self) -> (usize, u64) {
+        let (keys, regions) = self.shared.doubts.figures();
+        (regions, keys)
+    }
+
+    /// This node's open regions of doubt, as it publishes them.
+    pub fn published_doubts(&self) -> Vec<PublishedDoubt> {
+        self.shared.doubts.published(self.now())
     }
 
     /// Count what regions that ended came to.
@@ -356,13 +542,10 @@ mod tests {
         let k = key_of(&before, "a", "b");
         change(&d, "c", &before, &live(&[]), 20 * S);
         let mut ended = Ended::default();
-        assert!(d.in_doubt(&k, "c", 21 * S, &mut ended));
-        assert!(
-            d.in_doubt(&k, "c", 29 * S, &mut ended),
-            "burial does not end it"
-        );
+        assert!(d.in_doubt(&k, 21 * S, &mut ended));
+        assert!(d.in_doubt(&k, 29 * S, &mut ended), "burial does not end it");
         assert_eq!(d.figures(), (1, 1));
-        assert!(!d.in_doubt(&k, "c", 30 * S, &mut ended), "past the grace");
+        assert!(!d.in_doubt(&k, 30 * S, &mut ended), "past the grace");
         assert_eq!(ended, Ended { taken: 1 });
         assert_eq!(d.figures(), (0, 0));
     }
@@ -378,7 +561,7 @@ mod tests {
         );
         let mut ended = Ended::default();
         for (o, r) in [("a", "b"), ("a", "c"), ("b", "a"), ("c", "a")] {
-            assert!(!d.in_doubt(&key_of(&before, o, r), "b", 2 * S, &mut ended));
+            assert!(!d.in_doubt(&key_of(&before, o, r), 2 * S, &mut ended));
         }
     }
 
@@ -398,7 +581,7 @@ mod tests {
         let v1 = ring(&["a", "c", "d"]);
         change(&d, "d", &v1, &live(&["c"]), 2 * S);
         let mut ended = Ended::default();
-        assert!(d.in_doubt(&k, "d", 3 * S, &mut ended));
+        assert!(d.in_doubt(&k, 3 * S, &mut ended));
     }
 
     #[test]
@@ -410,14 +593,14 @@ mod tests {
         let k_bc = key_of(&before, "b", "c");
         change(&d, "c", &before, &live(&[]), S);
         let mut ended = Ended::default();
-        assert!(d.in_doubt(&k_ab, "c", 2 * S, &mut ended));
+        assert!(d.in_doubt(&k_ab, 2 * S, &mut ended));
         // c was a's or b's replica holder: its copy is of record.
-        assert!(!d.in_doubt(&k_ac, "c", 2 * S, &mut ended));
-        assert!(!d.in_doubt(&k_bc, "c", 2 * S, &mut ended));
+        assert!(!d.in_doubt(&k_ac, 2 * S, &mut ended));
+        assert!(!d.in_doubt(&k_bc, 2 * S, &mut ended));
         // a comes back (same generation: it was paused): one holder of
         // record answers, the key is settled.
         change(&d, "c", &ring(&["c"]), &live(&["a"]), 3 * S);
-        assert!(!d.in_doubt(&k_ab, "c", 4 * S, &mut ended));
+        assert!(!d.in_doubt(&k_ab, 4 * S, &mut ended));
         // b too: resolved, nothing taken from a best copy.
         change(&d, "c", &ring(&["a", "c"]), &live(&["a", "b"]), 5 * S);
         assert_eq!(d.figures(), (0, 0));
@@ -433,8 +616,76 @@ mod tests {
         let restarted = vec![member("a", 2), member("b", 2)];
         let mut ended = Ended::default();
         change(&d, "c", &ring(&["c"]), &restarted, 2 * S);
-        assert!(d.in_doubt(&k, "c", 3 * S, &mut ended), "its state was lost");
-        assert!(!d.in_doubt(&k, "c", 11 * S, &mut ended), "past the grace");
+        assert!(d.in_doubt(&k, 3 * S, &mut ended), "its state was lost");
+        assert!(!d.in_doubt(&k, 11 * S, &mut ended), "past the grace");
         assert_eq!(ended, Ended { taken: 1 });
+    }
+
+    /// Two of three lost together, one restarted while the other is
+    /// still down (`two-of-three-crash.json`): the survivor saw both go
+    /// and publishes it; the restarted node — the same id, a new
+    /// generation — adopts it, so a key it now owns whose holders of
+    /// record were both lost is in doubt there too, though its old
+    /// generation was one of them.
+    #[test]
+    fn a_restarted_node_adopts_the_region_a_survivor_publishes() {
+        let survivor = Doubts::new(10 * S);
+        let before = ring(&["a", "b", "c"]);
+        change(&survivor, "c", &before, &live(&[]), 20 * S);
+        let published = survivor.published(21 * S);
+        assert_eq!(published.len(), 1);
+        assert_eq!(published[0].remaining, std::time::Duration::from_secs(9));
+
+        // a restarted as generation 2; its ring now: c and itself.
+        let now = Arc::new(Ring::new([member("a", 2), member("c", 1)]));
+        let k = key_where(&before, "a", "b", |k| {
+            &*now.owner(k).unwrap().node_id == "a"
+        });
+        // a's keys stay a's (a ring change moves only the keys of members
+        // gone or come): those whose replica c held are of record.
+        let k_ac = key_of(&before, "a", "c");
+        let restarted = Doubts::new(10 * S);
+        assert_eq!(restarted.adopt(&published, &now, "a", 2, 100 * S), 1);
+        let mut ended = Ended::default();
+        assert!(
+            restarted.in_doubt(&k, 101 * S, &mut ended),
+            "a's old generation lost it"
+        );
+        assert!(
+            !restarted.in_doubt(&k_ac, 101 * S, &mut ended),
+            "c held it: of record"
+        );
+        // Adopted once: not again (from the same word, or after it ends).
+        assert_eq!(restarted.adopt(&published, &now, "a", 2, 102 * S), 0);
+        assert!(
+            !restarted.in_doubt(&k, 109 * S, &mut ended),
+            "the time left, from reading it"
+        );
+        assert_eq!(restarted.adopt(&published, &now, "a", 2, 110 * S), 0);
+        assert_eq!(ended, Ended { taken: 1 });
+    }
+
+    /// A node that saw the change holds its own region and adopts none;
+    /// this process's own generation is never among the gone; one loss is
+    /// no region.
+    #[test]
+    fn a_region_is_adopted_only_where_none_covers_its_losses() {
+        let before = ring(&["a", "b", "c", "d"]);
+        let seen = Doubts::new(10 * S);
+        change(&seen, "d", &before, &live(&["c"]), S);
+        let word = seen.published(S);
+        assert_eq!(word.len(), 1);
+        let other = Doubts::new(10 * S);
+        change(&other, "c", &before, &live(&["d"]), S);
+        assert_eq!(other.adopt(&word, &ring(&["c", "d"]), "c", 1, S), 0);
+
+        let me_now = Doubts::new(10 * S);
+        let mine = vec![PublishedDoubt {
+            gone: vec![(Arc::from("a"), 5), (Arc::from("b"), 1)],
+            remaining: std::time::Duration::from_secs(5),
+        }];
+        // a's generation 5 is this process (born 5): one member gone.
+        assert_eq!(me_now.adopt(&mine, &ring(&["a", "c"]), "a", 5, S), 0);
+        assert!(!me_now.any());
     }
 }

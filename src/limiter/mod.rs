@@ -176,6 +176,9 @@ struct Shared {
     tiers: tiered::Tiers,
     /// Keys whose holders of record are gone (issue 39).
     doubts: doubt::Doubts,
+    /// The generation this process started as (a rejoin is a newer one;
+    /// an older one was another process, its counts lost with it).
+    born: u64,
     settings: ClusterSettings,
     /// Decisions by status and path, sampled once a second (`rates.rs`).
     rates: rates::Rates,
@@ -224,6 +227,7 @@ impl Limiter {
                     parts.settings.client_allotments,
                 ),
                 doubts: doubt::Doubts::new(parts.settings.in_doubt_grace.as_nanos() as u64),
+                born: generation,
                 settings: parts.settings,
                 rates: rates::Rates::new(),
             }),
@@ -286,17 +290,28 @@ impl Limiter {
             (old.view, old.incoming.clone(), old.holdings.clone())
         };
         incoming.prune(&holders);
-        if changed {
-            // Members of the ring before gone from this one: their keys'
-            // copies here are the truth only when provably current.
-            let change = doubt::Change {
-                me: &me,
-                previous: &old.ring,
-                live: &holders,
-            };
-            let ended = self.shared.doubts.changed(&change, self.now());
-            self.doubts_ended(ended);
-        }
+        // Members of the ring before gone from this one — or suspected in
+        // it: a suspect keeps its keys (they are unreachable meanwhile) but
+        // a region over it opens now, so a node that restarts meanwhile
+        // learns it before it could own one of them: their keys' copies
+        // here are the truth only when provably current. On every view:
+        // suspicions change without the ring.
+        let reachable: Vec<_> = view
+            .members
+            .iter()
+            .filter(|m| {
+                m.node_id != me && !m.suspected && m.state != Lifecycle::Joining && m.in_protocol()
+            })
+            .map(|m| m.as_member())
+            .collect();
+        let change = doubt::Change {
+            me: &me,
+            previous: &old.ring,
+            live: &reachable,
+        };
+        let ended = self.shared.doubts.changed(&change, self.now());
+        self.doubts_ended(ended);
+        self.adopt_doubts(view);
         // Changes are worth queueing while another node could hold them.
         let has_peer = view.ring.members().iter().any(|m| m.node_id != me);
         self.shared.store.set_replicating(has_peer);

@@ -276,6 +276,7 @@ impl Node {
             gossip_socket: gossip,
             gossip_advertise,
             seeds: cluster.seeds.clone(),
+            bootstrap_expect: cluster.bootstrap_expect,
             secret: secret.clone(),
             gossip_interval: cluster.gossip_interval,
             phi_threshold: cluster.phi_threshold,

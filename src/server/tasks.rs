@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::cluster::membership::view::Tombstone;
 use crate::cluster::membership::{ClusterView, Lifecycle, Membership};
 use crate::limiter::Limiter;
 
@@ -115,9 +116,13 @@ pub(super) async fn follow_ring(
     let mut views = membership.watch();
     let mut progress = tokio::time::interval(Duration::from_millis(500));
     progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The regions of doubt last published (by their losses: the time
+    // left is not republished as it runs down).
+    let mut published: Option<Vec<Vec<Tombstone>>> = None;
     loop {
         let view: Arc<ClusterView> = views.borrow_and_update().clone();
         limiter.set_view(&view);
+        publish_doubts(&membership, &limiter, &mut published).await;
         let m = &limiter.metrics().cluster;
         for state in [Lifecycle::Joining, Lifecycle::Ready, Lifecycle::Leaving] {
             let n = view.members.iter().filter(|x| x.state == state).count();
@@ -131,9 +136,28 @@ pub(super) async fn follow_ring(
             tokio::select! {
                 _ = token.cancelled() => return,
                 changed = views.changed() => if changed.is_err() { return } else { break },
-                // The transfer's progress between views.
-                _ = progress.tick() => limiter.export_transfer(),
+                // The transfer's progress, and regions of doubt opened or
+                // ended, between views.
+                _ = progress.tick() => {
+                    limiter.export_transfer();
+                    publish_doubts(&membership, &limiter, &mut published).await;
+                }
             }
         }
+    }
+}
+
+/// Publish this node's open regions of doubt when they changed, so a node
+/// that did not see those losses (restarted, new) adopts them.
+async fn publish_doubts(
+    membership: &Membership,
+    limiter: &Limiter,
+    published: &mut Option<Vec<Vec<Tombstone>>>,
+) {
+    let regions = limiter.published_doubts();
+    let losses: Vec<Vec<Tombstone>> = regions.iter().map(|r| r.gone.clone()).collect();
+    if published.as_ref() != Some(&losses) {
+        membership.set_doubts(&regions).await;
+        *published = Some(losses);
     }
 }

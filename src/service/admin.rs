@@ -1,4 +1,5 @@
-//! `sluice.v1.Admin`: reset, inspect and top keys, for operators.
+//! `sluice.v1.Admin`: reset, inspect and top keys, cluster status, and
+//! accepting the best copies of keys in doubt, for operators.
 
 use tonic::{Request, Response, Status};
 
@@ -166,6 +167,7 @@ impl Admin for AdminService {
                 }
             })
             .collect();
+        let (doubt_regions, keys_in_doubt) = self.limiter.doubt_figures();
         Ok(Response::new(pb::ClusterStatusResponse {
             self_node_id: view.self_id.to_string(),
             ring_epoch: view.ring.epoch(),
@@ -173,6 +175,19 @@ impl Admin for AdminService {
             members,
             view: transfer.view,
             transfer_complete: transfer.complete,
+            doubt_regions: u32::try_from(doubt_regions).unwrap_or(u32::MAX),
+            keys_in_doubt,
+        }))
+    }
+
+    async fn accept_best_copies(
+        &self,
+        _request: Request<pb::AcceptBestCopiesRequest>,
+    ) -> Result<Response<pb::AcceptBestCopiesResponse>, Status> {
+        let (regions, keys) = self.limiter.accept_best_copies();
+        Ok(Response::new(pb::AcceptBestCopiesResponse {
+            regions: u32::try_from(regions).unwrap_or(u32::MAX),
+            keys,
         }))
     }
 }

@@ -25,6 +25,13 @@
 //!    exact count covers every exact admission, less the lost ones.
 //! 4. **Liveness.** After the last heal, every key answers exactly through
 //!    every node within [`LIVENESS`], and no call fails from then on.
+//!
+//! With one replica, a key whose owner and replica holder crash together
+//! has no surviving copy: it is decided in doubt for `in_doubt_grace`, then
+//! from its best copy, the loss counted. The checker allows exactly that
+//! ([`Faults::wipes`]): from the end of that grace the key's answers are
+//! compared only with later ones — an exact answer that rolls back inside
+//! the grace is still a violation.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -38,6 +45,11 @@ use crate::workload::{KEYS, Key, LIVENESS, Unreachable, keys};
 /// the way: as soon as a change waits, then every `replicate_interval`
 /// (20 ms) while changes come — plus the simulated network.
 pub const LAG: u64 = 100;
+
+/// Two crashes this close (ms) can take a key's owner and its replica
+/// holder before either re-replicated it: failure detection, a
+/// majority's burial and a replication round, with room to spare.
+pub const WIPE_WINDOW: u64 = 3_000;
 
 /// A pause at least this long (ns) may make a node give up its keys: it
 /// rejoins once its gossip loop's last round is `away_after` old (400 ms
@@ -100,6 +112,8 @@ struct Faults {
     /// (node, ns): crashes, and pauses long enough to give keys up.
     deaths: Vec<(usize, u64)>,
     holds: Vec<(u64, u64, Hold)>,
+    /// (node, down, back) ns: crashes, each until the node started again.
+    crashes: Vec<(usize, u64, u64)>,
 }
 
 impl Faults {
@@ -109,6 +123,7 @@ impl Faults {
         let threshold = pause_death();
         let mut deaths = Vec::new();
         let mut holds = Vec::new();
+        let mut crashes = Vec::new();
         let end = ms(s.end);
         for (i, &(at, n, e)) in events.iter().enumerate() {
             match e {
@@ -119,6 +134,7 @@ impl Faults {
                         .find(|&&(_, m, e)| m == n && e == Event::Started)
                         .map_or(end, |&(t, _, _)| t);
                     holds.push((at, back, Hold::Node(n)));
+                    crashes.push((n, at, back));
                 }
                 Event::Paused { span } => {
                     if span >= threshold {
@@ -143,7 +159,60 @@ impl Faults {
             }
         }
         deaths.sort_by_key(|&(n, at)| (at, n));
-        Faults { deaths, holds }
+        Faults {
+            deaths,
+            holds,
+            crashes,
+        }
+    }
+
+    /// When key `k`'s count may have been wiped out with R = 1 (ns): its
+    /// owner and its replica holder both crashed, the second within
+    /// [`WIPE_WINDOW`] of the first and before it was back — no copy of it
+    /// survives. The cluster then decides it in doubt (never exactly) for
+    /// `in_doubt_grace`, and from its best copy after, counting the loss
+    /// (`sluice_keys_taken_from_best_copy_total`): the instants returned
+    /// are those ends of the grace. Holders are taken from the ring of the
+    /// nodes up at the first crash.
+    fn wipes(&self, s: &Schedule, k: usize) -> Vec<u64> {
+        use sluice::cluster::ring::{Member, Ring};
+        let grace = sluice::config::ClusterConfig::default()
+            .in_doubt_grace
+            .as_nanos() as u64;
+        let key = sluice::store::key::encode("sim", &format!("k{k}"));
+        let mut out = Vec::new();
+        for &(a, ta, back_a) in &self.crashes {
+            for &(b, tb, _) in &self.crashes {
+                if a == b || tb < ta || tb >= back_a || tb > ta + ms(WIPE_WINDOW) {
+                    continue;
+                }
+                let up = (0..s.nodes).filter(|&n| {
+                    let started = s.late.iter().all(|&(m, at)| m != n || ms(at) <= ta);
+                    let down = self
+                        .crashes
+                        .iter()
+                        .any(|&(m, t, back)| m == n && t < ta && back > ta);
+                    started && !down
+                });
+                let ring = Ring::new(up.map(|n| Member {
+                    node_id: format!("n{n}").into(),
+                    generation: 1,
+                    grpc_addr: String::new(),
+                    protocol: 0,
+                }));
+                let holders = [ring.owner(&key), ring.successor(&key)];
+                let is = |m: Option<&Member>, n: usize| {
+                    m.is_some_and(|m| *m.node_id == *format!("n{n}"))
+                };
+                let both = (is(holders[0], a) && is(holders[1], b))
+                    || (is(holders[0], b) && is(holders[1], a));
+                if both {
+                    out.push(tb + grace);
+                }
+            }
+        }
+        out.sort_unstable();
+        out
     }
 
     /// From when a death of `node` at `at` may lose admissions (ns): `LAG`
@@ -223,6 +292,10 @@ fn check_key(
         .collect();
     let total_lag = lost_admissions.len() as u64;
     let limit = key.limit as i64;
+    // Where the key's count may start over from a best copy (both its
+    // holders crashed): answers are compared only within one stretch.
+    let wipes = faults.wipes(s, k);
+    let stretch = |t: u64| wipes.iter().filter(|&&w| w <= t).count();
     // 1. No rollback: for each later answer B, the earlier answers A
     // (done before B was sent), latest first, each allowed what the deaths
     // between them may have lost (counted once).
@@ -233,7 +306,7 @@ fn check_key(
     'keys: for &(b, rb) in &exact {
         let mut earlier: Vec<(&Call, i64)> = exact
             .iter()
-            .filter(|(a, _)| a.done < b.sent)
+            .filter(|(a, _)| a.done < b.sent && stretch(a.sent) == stretch(b.sent))
             .copied()
             .collect();
         earlier.sort_by_key(|(a, _)| std::cmp::Reverse(a.sent));
@@ -271,7 +344,9 @@ fn check_key(
     } else {
         exact_admitted
     };
-    if counted > limit + total_lag as i64 {
+    // Each wipe may let the limit be admitted once more.
+    let wiped = wipes.len() as i64;
+    if counted > limit * (1 + wiped) + total_lag as i64 {
         out.push(Violation {
             key: Some(k),
             what: format!(
@@ -292,6 +367,12 @@ fn check_key(
         }),
         Some((remaining, _)) => {
             let consumed = limit - remaining;
+            // What the last stretch admitted exactly (all, with no wipe).
+            let last = wipes.last().copied().unwrap_or(0);
+            let exact_admitted = calls
+                .iter()
+                .filter(|c| c.sent >= last && c.admitted() && c.exact().is_some())
+                .count() as i64;
             let owed = exact_admitted.min(limit) - total_lag as i64;
             if consumed < owed {
                 out.push(Violation {

@@ -57,6 +57,8 @@ pub(super) struct Settings {
     pub gossip_advertise: SocketAddr,
     pub listen: SocketAddr,
     pub seeds: Vec<String>,
+    /// How many nodes, none ready, form a new cluster (`join_wait`).
+    pub bootstrap_expect: usize,
     pub gossip_interval: Duration,
     pub phi_threshold: f64,
     pub dead_grace: Duration,
@@ -348,11 +350,12 @@ impl Gossip {
                         let interval = self.settings.gossip_interval;
                         let stop = self.stop.clone();
                         // A node that knew no peer has none to wait for.
-                        let has_peers = !known.is_empty();
+                        let bootstrap =
+                            (!known.is_empty()).then_some(self.settings.bootstrap_expect);
                         tokio::spawn(async move {
                             tokio::select! {
                                 _ = stop.cancelled() => {}
-                                _ = turn_ready_again(views, slot, presence, interval, has_peers) => {}
+                                _ = turn_ready_again(views, slot, presence, interval, bootstrap) => {}
                             }
                         });
                     }
@@ -375,9 +378,9 @@ async fn turn_ready_again(
     slot: Arc<Mutex<Slot>>,
     presence: Arc<Presence>,
     interval: Duration,
-    has_peers: bool,
+    bootstrap: Option<usize>,
 ) {
-    join_wait(&mut views, has_peers, interval).await;
+    join_wait(&mut views, bootstrap, interval).await;
     let chitchat = slot.lock().ok().and_then(|s| s.chitchat.clone());
     let Some(c) = chitchat else { return };
     let mut c = c.lock().await;

@@ -10,8 +10,10 @@
 //! [`presence`]); the gossip thread ([`gossip`]) rejoins as a new member
 //! after being away.
 
+pub mod doubts;
 mod gossip;
 mod hearing;
+mod join;
 pub mod presence;
 pub mod view;
 
@@ -26,8 +28,10 @@ use tokio_util::sync::CancellationToken;
 pub use presence::Presence;
 pub use view::{ClusterView, MemberInfo};
 
+pub(crate) use join::join_wait;
+
 use super::auth::{AuthTransport, Secret};
-use view::{GRPC_ADDR, POLICY_HASH, PROTOCOL, STATE, VERSION};
+use view::{DOUBTS, GRPC_ADDR, POLICY_HASH, PROTOCOL, STATE, VERSION};
 
 /// A node's lifecycle state, as gossiped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -77,6 +81,9 @@ pub struct MembershipConfig {
     pub gossip_advertise: SocketAddr,
     /// host:port, DNS names allowed (resolved again periodically).
     pub seeds: Vec<String>,
+    /// With seeds: how many nodes, none ready, form a brand-new cluster
+    /// (see [`join_wait`]).
+    pub bootstrap_expect: usize,
     pub secret: Secret,
     pub gossip_interval: Duration,
     pub phi_threshold: f64,
@@ -137,7 +144,9 @@ struct Inner {
     /// again by itself).
     joined: watch::Sender<bool>,
     gossip_interval: Duration,
-    has_seeds: bool,
+    /// None without seeds (a node of its own, ready at once); else
+    /// `bootstrap_expect`.
+    bootstrap: Option<usize>,
     stop: CancellationToken,
     /// The gossip thread (or task), joined on shutdown. A std Mutex: only
     /// touched there, never across an await.
@@ -207,6 +216,7 @@ impl Membership {
                 gossip_advertise: cfg.gossip_advertise,
                 listen,
                 seeds: cfg.seeds.clone(),
+                bootstrap_expect: cfg.bootstrap_expect,
                 gossip_interval: cfg.gossip_interval,
                 phi_threshold: cfg.phi_threshold,
                 dead_grace: cfg.dead_grace,
@@ -259,7 +269,7 @@ impl Membership {
                 view: view_rx,
                 joined: joined_tx,
                 gossip_interval: cfg.gossip_interval,
-                has_seeds: !cfg.seeds.is_empty(),
+                bootstrap: (!cfg.seeds.is_empty()).then_some(cfg.bootstrap_expect),
                 stop,
                 thread: Mutex::new(Some(running)),
             }),
@@ -308,9 +318,10 @@ impl Membership {
         }
     }
 
-    /// Turn `ready` — own keys — once it is safe: with seeds, after this
-    /// node has seen a peer and its view has held still for a few rounds
-    /// (bounded: the first node of a cluster has no one to see).
+    /// Turn `ready` — own keys — once it is safe: with seeds, once this
+    /// node has reached a ready peer (or enough nodes to form a new
+    /// cluster) and its view has held still for a few rounds. Until then
+    /// it is `joining` (`NOT_SERVING`, `NOT_READY`), however long that is.
     ///
     /// `stop` cancelled while waiting (the process was told to stop before
     /// it joined): the node stays `joining` — it never turns ready only to
@@ -318,7 +329,7 @@ impl Membership {
     pub async fn join(&self, stop: &CancellationToken) {
         let mut views = self.watch();
         tokio::select! {
-            _ = join_wait(&mut views, self.inner.has_seeds, self.inner.gossip_interval) => {}
+            _ = join_wait(&mut views, self.inner.bootstrap, self.inner.gossip_interval) => {}
             _ = stop.cancelled() => {}
         }
         if !stop.is_cancelled() && self.inner.presence.lifecycle() == Lifecycle::Joining {
@@ -340,6 +351,11 @@ impl Membership {
         if let Some(m) = self.view().member(node_id) {
             let _ = self.inner.push.try_send(m.gossip_addr);
         }
+    }
+
+    /// Publish this node's open regions of doubt (`doubts.rs`).
+    pub async fn set_doubts(&self, regions: &[doubts::PublishedDoubt]) {
+        self.set(DOUBTS, &doubts::encode(regions)).await;
     }
 
     pub async fn set_policy_hash(&self, hash: &str) {
@@ -375,41 +391,5 @@ impl Membership {
 impl Drop for Inner {
     fn drop(&mut self) {
         self.stop.cancel();
-    }
-}
-
-/// Wait until a node may turn ready: with no seeds at once; else until it
-/// has seen a peer (a node that turned ready before it saw its peers would
-/// own every key alone, from nothing) and then until its view has held
-/// still for 3 gossip rounds — gossip brings members in one by one, and a
-/// partial ring would name the wrong owners. Both bounded by 10 rounds
-/// (1–5 s), since the first node of a cluster has no one to see.
-pub(crate) async fn join_wait(
-    views: &mut watch::Receiver<Arc<ClusterView>>,
-    has_seeds: bool,
-    gossip_interval: Duration,
-) {
-    if !has_seeds {
-        return;
-    }
-    let wait = (gossip_interval * 10).clamp(Duration::from_secs(1), Duration::from_secs(5));
-    let deadline = tokio::time::Instant::now() + wait;
-    let seen = tokio::time::timeout_at(
-        deadline,
-        views.wait_for(|v| v.members.iter().any(|m| m.node_id != v.self_id)),
-    )
-    .await
-    .is_ok();
-    if !seen {
-        tracing::info!(?wait, "no peer seen; starting as the first node");
-        return;
-    }
-    let quiet = gossip_interval * 3;
-    while tokio::time::Instant::now() < deadline {
-        let until = deadline.min(tokio::time::Instant::now() + quiet);
-        match tokio::time::timeout_at(until, views.changed()).await {
-            Ok(Ok(())) => continue,
-            _ => break,
-        }
     }
 }

@@ -36,6 +36,7 @@ use std::sync::Arc;
 use chitchat::{ChitchatId, NodeState};
 
 use super::Lifecycle;
+use super::doubts::PublishedDoubt;
 use crate::cluster::ring::{Member, Ring};
 use crate::proto::PEER_PROTOCOL_VERSION;
 
@@ -47,6 +48,7 @@ pub(super) const PROTOCOL: &str = "protocol";
 pub(super) const POLICY_HASH: &str = "policy_hash";
 pub(super) const DEAD: &str = "dead";
 pub(super) const SUSPECTS: &str = "suspects";
+pub(super) const DOUBTS: &str = "doubts";
 
 /// Tombstones one node gossips at most (the newest generations).
 pub const MAX_TOMBSTONES: usize = 64;
@@ -68,6 +70,8 @@ pub struct MemberInfo {
     /// This node's failure detector declares it dead; no one buried it
     /// (yet): it keeps its place in the ring, and is not counted reachable.
     pub suspected: bool,
+    /// Its open regions of doubt (`doubts.rs`).
+    pub doubts: Arc<[PublishedDoubt]>,
 }
 
 impl MemberInfo {
@@ -84,6 +88,11 @@ impl MemberInfo {
             protocol: state.get(PROTOCOL)?.parse().ok()?,
             policy_hash: state.get(POLICY_HASH).unwrap_or_default().to_string(),
             suspected: false,
+            doubts: state
+                .get(DOUBTS)
+                .map(super::doubts::parse)
+                .unwrap_or_default()
+                .into(),
         })
     }
 
@@ -251,32 +260,19 @@ impl Reading {
                 }
             }
         }
-        let mut counted: BTreeSet<Arc<str>> = members
-            .values()
-            .filter(|m| m.state == Lifecycle::Ready)
-            .map(|m| m.node_id.clone())
-            .collect();
-        let dead_ids = chitchat
-            .dead_nodes()
-            .chain(chitchat.live_nodes().filter(|id| buried(id)))
-            .filter(|id| {
-                // A live member that said `left` is neither counted nor dead.
-                chitchat
+        let generations = chitchat
+            .live_nodes()
+            .chain(chitchat.dead_nodes())
+            .map(|id| Generation {
+                node_id: id.node_id.clone(),
+                generation: id.generation_id,
+                state: chitchat
                     .node_state(id)
                     .and_then(|s| s.get(STATE))
-                    .is_none_or(|s| s != Lifecycle::Left.name())
+                    .and_then(Lifecycle::parse),
+                alive: live.contains(id) && !buried(id),
             });
-        for id in dead_ids {
-            let left = chitchat
-                .node_state(id)
-                .and_then(|s| s.get(STATE))
-                .is_some_and(|s| s == Lifecycle::Leaving.name() || s == Lifecycle::Left.name());
-            // A node id that is live again (restarted) is already counted
-            // or deliberately not (joining/leaving).
-            if !left && !members.contains_key(&id.node_id) {
-                counted.insert(id.node_id.clone());
-            }
-        }
+        let size = cluster_size(generations);
         // The ready peers this node hears that suspect it (their newest
         // generation, one voice each).
         let me = (self_id.clone(), self_cc.generation_id);
@@ -304,7 +300,7 @@ impl Reading {
             self_id,
             self_generation: self_cc.generation_id,
             members: members.into_values().collect(),
-            size: counted.len().max(1),
+            size,
         }
     }
 
@@ -482,6 +478,45 @@ fn newest(mut list: Vec<Tombstone>) -> BTreeSet<Tombstone> {
     list.into_iter().take(MAX_TOMBSTONES).collect()
 }
 
+/// One generation of a node, as gossip knows it (live or dead).
+pub(super) struct Generation {
+    pub node_id: Arc<str>,
+    pub generation: u64,
+    /// Its lifecycle as last published (None: not yet published).
+    pub state: Option<Lifecycle>,
+    /// Live to this node's failure detector, and not buried.
+    pub alive: bool,
+}
+
+/// `N`: the nodes a limit is shared among, one per node id, judged by its
+/// newest generation. One that left or is leaving is not counted; one
+/// that is ready is; one that died without leaving is (remembered for the
+/// dead grace: a partitioned node must not conclude it is alone); one
+/// that is joining is counted only if it is rejoining — an older
+/// generation of it did not leave — since it was counted a moment ago and
+/// will be again once ready (shares sized by N − 1 meanwhile would
+/// over-admit by one node's share). A brand-new node is counted once ready.
+pub(super) fn cluster_size(generations: impl Iterator<Item = Generation>) -> usize {
+    let mut by_id: BTreeMap<Arc<str>, Vec<Generation>> = BTreeMap::new();
+    for g in generations {
+        by_id.entry(g.node_id.clone()).or_default().push(g);
+    }
+    let departed = |g: &Generation| matches!(g.state, Some(Lifecycle::Leaving | Lifecycle::Left));
+    let counted = by_id.into_values().filter(|gens| {
+        let mut gens: Vec<&Generation> = gens.iter().collect();
+        gens.sort_by_key(|g| g.generation);
+        let (newest, older) = gens.split_last().expect("grouped from one at least");
+        if departed(newest) {
+            false
+        } else if !newest.alive || newest.state == Some(Lifecycle::Ready) {
+            true
+        } else {
+            older.iter().any(|g| !departed(g))
+        }
+    });
+    counted.count().max(1)
+}
+
 /// Tombstones as gossiped: a JSON list of `[node_id, generation]` (node
 /// ids are configuration strings: any separator could occur in one).
 pub(super) fn encode_tombstones(dead: &BTreeSet<Tombstone>) -> String {
@@ -515,6 +550,7 @@ mod tests {
             protocol: PEER_PROTOCOL_VERSION,
             policy_hash: String::new(),
             suspected: false,
+            doubts: Arc::default(),
         }
     }
 
@@ -590,6 +626,68 @@ mod tests {
         assert!(!view.self_suspected(), "of 6, burial takes 4 voices");
         view.suspected_by = 3;
         assert!(view.self_suspected());
+    }
+
+    fn generation(id: &str, generation: u64, state: Lifecycle, alive: bool) -> Generation {
+        Generation {
+            node_id: Arc::from(id),
+            generation,
+            state: Some(state),
+            alive,
+        }
+    }
+
+    /// `N` per node id, by its newest generation: a node rejoining is
+    /// counted while it joins (issue 39 item 6: shares were sized by N − 1
+    /// for 1–5 s), a node that left after it had once been killed and
+    /// rejoined is not (the soak's 5, not 4), a brand-new node is counted
+    /// once ready, and one that died without leaving stays counted.
+    #[test]
+    fn n_counts_each_node_by_its_newest_generation() {
+        use Lifecycle::{Joining, Leaving, Left, Ready};
+        let n = |gens: Vec<Generation>| cluster_size(gens.into_iter());
+        let a = || generation("a", 1, Ready, true);
+        // Rejoining: old generation dead (or not yet seen dead), new joining.
+        assert_eq!(
+            n(vec![
+                a(),
+                generation("b", 1, Ready, false),
+                generation("b", 2, Joining, true)
+            ]),
+            2
+        );
+        assert_eq!(
+            n(vec![
+                a(),
+                generation("b", 1, Ready, true),
+                generation("b", 2, Joining, true)
+            ]),
+            2
+        );
+        // Brand new: not until ready.
+        assert_eq!(n(vec![a(), generation("c", 5, Joining, true)]), 1);
+        assert_eq!(n(vec![a(), generation("c", 5, Ready, true)]), 2);
+        // Killed, rejoined, then left: gone from N.
+        for last in [Leaving, Left] {
+            let gens = vec![
+                a(),
+                generation("b", 1, Ready, false),
+                generation("b", 2, last, true),
+            ];
+            assert_eq!(n(gens), 1, "{last:?}");
+        }
+        // Died without leaving: still counted (its tombstone's grace).
+        assert_eq!(n(vec![a(), generation("b", 1, Ready, false)]), 2);
+        // Rejoining after a clean leave: a new node, counted once ready.
+        assert_eq!(
+            n(vec![
+                a(),
+                generation("b", 1, Left, false),
+                generation("b", 2, Joining, true)
+            ]),
+            1
+        );
+        assert_eq!(n(vec![]), 1, "never below one");
     }
 
     #[test]
