@@ -56,9 +56,10 @@ pub const MAX_COUNTED: usize = 100_000;
 /// the grace. Beyond it the oldest is taken from its best copy early.
 pub const MAX_REGIONS: usize = 64;
 
-/// Peers' regions remembered as adopted (so one that ended here is not
-/// adopted again from a peer still publishing it).
-const MAX_ADOPTED: usize = 64;
+/// Regions remembered as adopted or ended here (so one is not opened or
+/// adopted again: from a peer still publishing it, or over members still
+/// unburied in the ring after it ended or an operator accepted it).
+const MAX_DONE: usize = 64;
 
 /// Members lost, by id and generation (sorted where compared).
 type Losses = Vec<(Arc<str>, u64)>;
@@ -136,8 +137,9 @@ pub struct Doubts {
     /// covers nothing until a second member goes).
     any: AtomicBool,
     grace: Nanos,
-    /// The losses of peers' regions adopted (sorted), oldest first.
-    adopted: Mutex<Vec<Losses>>,
+    /// The losses (sorted) of regions adopted or ended here, oldest
+    /// first. Locked after `regions` when both are.
+    done: Mutex<Vec<Losses>>,
 }
 
 impl Doubts {
@@ -146,7 +148,7 @@ impl Doubts {
             regions: Mutex::new(Vec::new()),
             any: AtomicBool::new(false),
             grace,
-            adopted: Mutex::new(Vec::new()),
+            done: Mutex::new(Vec::new()),
         }
     }
 
@@ -157,6 +159,28 @@ impl Doubts {
 
     fn regions(&self) -> MutexGuard<'_, Vec<Region>> {
         self.regions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn done(&self) -> MutexGuard<'_, Vec<Losses>> {
+        self.done.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `gone` (sorted) is within the losses of a region adopted or
+    /// ended here.
+    fn was_done(done: &[Losses], gone: &[(Arc<str>, u64)]) -> bool {
+        done.iter().any(|d| gone.iter().all(|g| d.contains(g)))
+    }
+
+    /// Remember a region's losses as adopted or ended.
+    fn remember(done: &mut Vec<Losses>, gone: &[(Arc<str>, u64)]) {
+        let mut gone = gone.to_vec();
+        gone.sort();
+        if !done.contains(&gone) {
+            if done.len() >= MAX_DONE {
+                done.remove(0);
+            }
+            done.push(gone);
+        }
     }
 
     /// A change of view. Members of the previous ring not live now (but
@@ -197,7 +221,10 @@ impl Doubts {
         let known = regions
             .iter()
             .any(|r| r.previous.epoch() == c.previous.epoch());
-        if !gone.is_empty() && !known {
+        let mut sorted = gone.clone();
+        sorted.sort();
+        let ended_before = Self::was_done(&self.done(), &sorted);
+        if !gone.is_empty() && !known && !ended_before {
             regions.push(Region {
                 previous: c.previous.clone(),
                 gone,
@@ -209,6 +236,7 @@ impl Doubts {
         while regions.len() > MAX_REGIONS {
             let r = regions.remove(0);
             ended.taken = ended.taken.saturating_add(r.counted());
+            Self::remember(&mut self.done(), &r.gone);
         }
         self.any
             .store(regions.iter().any(Region::can_cover), Ordering::Release);
@@ -249,8 +277,8 @@ impl Doubts {
         born: u64,
         now: Nanos,
     ) -> usize {
-        let mut adopted = self.adopted.lock().unwrap_or_else(|p| p.into_inner());
         let mut regions = self.regions();
+        let mut done = self.done();
         let mut count = 0;
         for p in published {
             let mut gone: Vec<(Arc<str>, u64)> = p
@@ -263,13 +291,16 @@ impl Doubts {
             gone.dedup();
             let holds = |r: &Region| gone.iter().all(|g| r.gone.contains(g));
             let full = regions.len() >= MAX_REGIONS;
-            if full || gone.len() < 2 || adopted.contains(&gone) || regions.iter().any(holds) {
+            if full || gone.len() < 2 || Self::was_done(&done, &gone) || regions.iter().any(holds) {
                 continue;
             }
+            // This node was in that ring only as a generation gone (a
+            // new node id was not there at all; one that was there and
+            // live saw the change and holds its own region).
             let previous = ring
                 .members()
                 .iter()
-                .filter(|m| !gone.iter().any(|(id, _)| *id == m.node_id))
+                .filter(|m| &*m.node_id != me && !gone.iter().any(|(id, _)| *id == m.node_id))
                 .cloned()
                 .chain(gone.iter().map(|(id, g)| Member {
                     node_id: id.clone(),
@@ -285,10 +316,7 @@ impl Doubts {
                 keys: HashSet::new(),
                 overflow: 0,
             });
-            if adopted.len() >= MAX_ADOPTED {
-                adopted.remove(0);
-            }
-            adopted.push(gone);
+            Self::remember(&mut done, &gone);
             count += 1;
         }
         if count > 0 {
@@ -338,10 +366,12 @@ impl Doubts {
 
     fn expire(&self, regions: &mut Vec<Region>, now: Nanos, ended: &mut Ended) {
         let before = regions.len();
+        let mut done = self.done();
         regions.retain(|r| {
             let keep = r.until > now;
             if !keep {
                 ended.taken = ended.taken.saturating_add(r.counted());
+                Self::remember(&mut done, &r.gone);
             }
             keep
         });
@@ -353,25 +383,19 @@ impl Doubts {
 
     /// End every region now (an operator's word that the lost holders
     /// are not coming back): their keys are decided from the best copy
-    /// from the next call on. Their losses are remembered as adopted, so
-    /// a peer's word does not bring them back. Returns the regions that
+    /// from the next call on. Their losses are remembered as ended, so
+    /// neither a peer's word nor members still unburied in the ring bring
+    /// them back. Returns the regions that
     /// could hold keys in doubt, and what they came to.
     pub fn accept_all(&self) -> (usize, Ended) {
-        let mut adopted = self.adopted.lock().unwrap_or_else(|p| p.into_inner());
         let mut regions = self.regions();
+        let mut done = self.done();
         let mut ended = Ended::default();
         let mut count = 0;
         for r in regions.drain(..) {
             count += usize::from(r.can_cover());
             ended.taken = ended.taken.saturating_add(r.counted());
-            let mut gone = r.gone;
-            gone.sort();
-            if !adopted.contains(&gone) {
-                if adopted.len() >= MAX_ADOPTED {
-                    adopted.remove(0);
-                }
-                adopted.push(gone);
-            }
+            Self::remember(&mut done, &r.gone);
         }
         self.any.store(false, Ordering::Release);
         (count, ended)
@@ -458,8 +482,13 @@ impl super::Limiter {
         (regions, keys)
     }
 
-    /// This node's open regions of doubt, as it publishes them.
+    /// This node's open regions of doubt, as it publishes them: none while
+    /// it sees no majority (cut off, or just rejoined alone, it would
+    /// name live members gone).
     pub fn published_doubts(&self) -> Vec<PublishedDoubt> {
+        if self.shared.topology.load().minority {
+            return Vec::new();
+        }
         self.shared.doubts.published(self.now())
     }
 
@@ -687,5 +716,34 @@ mod tests {
         // a's generation 5 is this process (born 5): one member gone.
         assert_eq!(me_now.adopt(&mine, &ring(&["a", "c"]), "a", 5, S), 0);
         assert!(!me_now.any());
+    }
+
+    /// A region that ended (its grace passed, or an operator accepted the
+    /// best copies) does not come back: not from members still unburied
+    /// in the ring (two of three lost: no majority to bury them), not from
+    /// a peer still publishing it.
+    #[test]
+    fn an_ended_region_is_neither_reopened_nor_adopted_again() {
+        let d = Doubts::new(10 * S);
+        let ring3 = ring(&["a", "b", "c"]);
+        let k = key_of(&ring3, "a", "b");
+        // a and b suspected, never buried: the ring stays.
+        change(&d, "c", &ring3, &live(&[]), S);
+        let word = d.published(S);
+        let mut ended = Ended::default();
+        assert!(d.in_doubt(&k, 2 * S, &mut ended));
+        assert!(!d.in_doubt(&k, 11 * S, &mut ended), "past the grace");
+        change(&d, "c", &ring3, &live(&[]), 12 * S);
+        assert!(!d.in_doubt(&k, 12 * S, &mut ended), "not reopened");
+        assert_eq!(d.adopt(&word, &ring3, "c", 1, 13 * S), 0, "nor adopted");
+
+        let d = Doubts::new(10 * S);
+        change(&d, "c", &ring3, &live(&[]), S);
+        assert_eq!(d.accept_all().0, 1);
+        change(&d, "c", &ring3, &live(&[]), 2 * S);
+        assert!(
+            !d.in_doubt(&k, 2 * S, &mut ended),
+            "accepted stays accepted"
+        );
     }
 }

@@ -116,9 +116,8 @@ pub(super) async fn follow_ring(
     let mut views = membership.watch();
     let mut progress = tokio::time::interval(Duration::from_millis(500));
     progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // The regions of doubt last published (by their losses: the time
-    // left is not republished as it runs down).
-    let mut published: Option<Vec<Vec<Tombstone>>> = None;
+    // The regions of doubt last published, by their losses, and when.
+    let mut published: Option<(Vec<Vec<Tombstone>>, tokio::time::Instant)> = None;
     loop {
         let view: Arc<ClusterView> = views.borrow_and_update().clone();
         limiter.set_view(&view);
@@ -148,16 +147,28 @@ pub(super) async fn follow_ring(
 }
 
 /// Publish this node's open regions of doubt when they changed, so a node
-/// that did not see those losses (restarted, new) adopts them.
+/// that did not see those losses (restarted, new) adopts them; and again
+/// every [`REPUBLISH_DOUBTS`] while any is open, so the time left a reader
+/// counts from its reading is never older than that.
 async fn publish_doubts(
     membership: &Membership,
     limiter: &Limiter,
-    published: &mut Option<Vec<Vec<Tombstone>>>,
+    published: &mut Option<(Vec<Vec<Tombstone>>, tokio::time::Instant)>,
 ) {
     let regions = limiter.published_doubts();
     let losses: Vec<Vec<Tombstone>> = regions.iter().map(|r| r.gone.clone()).collect();
-    if published.as_ref() != Some(&losses) {
+    let now = tokio::time::Instant::now();
+    let due = match published {
+        Some((last, at)) => {
+            *last != losses || (!losses.is_empty() && now - *at >= REPUBLISH_DOUBTS)
+        }
+        None => true,
+    };
+    if due {
         membership.set_doubts(&regions).await;
-        *published = Some(losses);
+        *published = Some((losses, now));
     }
 }
+
+/// How often open regions of doubt are published again (their time left).
+const REPUBLISH_DOUBTS: Duration = Duration::from_secs(2);

@@ -26,6 +26,11 @@
 //! 4. **Liveness.** After the last heal, every key answers exactly through
 //!    every node within [`LIVENESS`], and no call fails from then on.
 //!
+//! A node cut off (gRPC) from half its peers or more counts as a death at
+//! its fence ([`cut_off_fence`]): what it admitted as owner between the
+//! cut and finding itself deaf was never replicated (the README's cut-off
+//! lag).
+//!
 //! With one replica, a key whose owner and replica holder crash together
 //! has no surviving copy: it is decided in doubt for `in_doubt_grace`, then
 //! from its best copy, the loss counted. The checker allows exactly that
@@ -46,10 +51,20 @@ use crate::workload::{KEYS, Key, LIVENESS, Unreachable, keys};
 /// (20 ms) while changes come — plus the simulated network.
 pub const LAG: u64 = 100;
 
+/// How long (ms) a node cut off from a majority may go on owning: until
+/// it has heard no majority for one and a half `away_after`, read at its
+/// gossip rounds (two more of them, for the reading).
+pub fn cut_off_fence() -> u64 {
+    let c = sluice::config::ClusterConfig::default();
+    let away = sluice::cluster::membership::away_after(c.gossip_interval, c.phi_threshold);
+    (away + away / 2 + c.gossip_interval * 2).as_millis() as u64
+}
+
 /// Two crashes this close (ms) can take a key's owner and its replica
-/// holder before either re-replicated it: failure detection, a
-/// majority's burial and a replication round, with room to spare.
-pub const WIPE_WINDOW: u64 = 3_000;
+/// holder before either re-replicated it: failure detection and a
+/// majority's burial (out of the rings in 1–1.6 s at the defaults) and a
+/// replication round.
+pub const WIPE_WINDOW: u64 = 2_000;
 
 /// A pause at least this long (ns) may make a node give up its keys: it
 /// rejoins once its gossip loop's last round is `away_after` old (400 ms
@@ -158,6 +173,39 @@ impl Faults {
                 _ => {}
             }
         }
+        // A node cut off (gRPC, one way or both) from half its peers or
+        // more at once keeps owning until it finds itself deaf: what it
+        // admitted as owner meanwhile is never replicated — the documented
+        // cut-off lag, lost like a crash's. A death at its fence (or the
+        // cut's end, if sooner), reaching back over the cut.
+        for n in 0..s.nodes {
+            let mut starts: Vec<u64> = s
+                .faults
+                .iter()
+                .filter_map(|f| match *f {
+                    Fault::Cut {
+                        from, proto, at, ..
+                    } if from == n && proto != Proto::Udp => Some(at),
+                    _ => None,
+                })
+                .collect();
+            starts.sort_unstable();
+            starts.dedup();
+            for at in starts {
+                let cut: Vec<&Fault> = s
+                    .faults
+                    .iter()
+                    .filter(|f| {
+                        matches!(**f, Fault::Cut { from, proto, at: t, .. }
+                            if from == n && proto != Proto::Udp && t == at)
+                    })
+                    .collect();
+                if cut.len() * 2 >= s.nodes - 1 {
+                    let end = cut.iter().map(|f| f.end()).min().unwrap_or(at);
+                    deaths.push((n, ms(at + cut_off_fence().min(end - at))));
+                }
+            }
+        }
         deaths.sort_by_key(|&(n, at)| (at, n));
         Faults {
             deaths,
@@ -172,8 +220,9 @@ impl Faults {
     /// survives. The cluster then decides it in doubt (never exactly) for
     /// `in_doubt_grace`, and from its best copy after, counting the loss
     /// (`sluice_keys_taken_from_best_copy_total`): the instants returned
-    /// are those ends of the grace. Holders are taken from the ring of the
-    /// nodes up at the first crash.
+    /// are the earliest those graces can end (from the first crash: the
+    /// region opens at its suspicion). Holders are taken from the ring of
+    /// the nodes up at the first crash.
     fn wipes(&self, s: &Schedule, k: usize) -> Vec<u64> {
         use sluice::cluster::ring::{Member, Ring};
         let grace = sluice::config::ClusterConfig::default()
@@ -183,7 +232,9 @@ impl Faults {
         let mut out = Vec::new();
         for &(a, ta, back_a) in &self.crashes {
             for &(b, tb, _) in &self.crashes {
-                if a == b || tb < ta || tb >= back_a || tb > ta + ms(WIPE_WINDOW) {
+                // Each pair once (a before b; by node at the same instant).
+                let first = ta < tb || (ta == tb && a < b);
+                if a == b || !first || tb >= back_a || tb > ta + ms(WIPE_WINDOW) {
                     continue;
                 }
                 let up = (0..s.nodes).filter(|&n| {
@@ -207,7 +258,9 @@ impl Faults {
                 let both = (is(holders[0], a) && is(holders[1], b))
                     || (is(holders[0], b) && is(holders[1], a));
                 if both {
-                    out.push(tb + grace);
+                    // The region opens at the first one's suspicion: its
+                    // grace ends no sooner than `ta + grace`.
+                    out.push(ta + grace);
                 }
             }
         }

@@ -11,8 +11,11 @@
 //! no region of its own over the same losses adopts them.
 //!
 //! The time left is a duration, not an instant: two nodes' clocks are
-//! never compared. A receiver counts it from when it reads it, so gossip's
-//! delay only lengthens the doubt.
+//! never compared. A receiver counts it from when it reads it; the
+//! publisher publishes it again every 2 s while a region is open, so a
+//! reading is at most that (plus gossip's delay) old, and the doubt only
+//! lengthens by as much. A region adopted or ended at a node is never
+//! adopted there again.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -380,7 +380,9 @@ async fn turn_ready_again(
     interval: Duration,
     bootstrap: Option<usize>,
 ) {
-    join_wait(&mut views, bootstrap, interval).await;
+    if !join_wait(&mut views, bootstrap, interval).await {
+        return;
+    }
     let chitchat = slot.lock().ok().and_then(|s| s.chitchat.clone());
     let Some(c) = chitchat else { return };
     let mut c = c.lock().await;

@@ -26,13 +26,16 @@ use super::{ClusterView, Lifecycle, MemberInfo};
 /// [`STILL_WAITING_EVERY`]. Then until its view has held still for 3
 /// gossip rounds — gossip brings members in one by one, and a partial ring
 /// would name the wrong owners — bounded by 10 rounds (1–5 s).
+///
+/// Whether the node may turn ready: false only when the views ended (the
+/// gossip thread is gone) before it reached a cluster.
 pub(crate) async fn join_wait(
     views: &mut watch::Receiver<Arc<ClusterView>>,
     bootstrap: Option<usize>,
     gossip_interval: Duration,
-) {
+) -> bool {
     let Some(expect) = bootstrap else {
-        return;
+        return true;
     };
     let wait = (gossip_interval * 10).clamp(Duration::from_secs(1), Duration::from_secs(5));
     let started = tokio::time::Instant::now();
@@ -52,8 +55,9 @@ pub(crate) async fn join_wait(
                 tracing::info!(how, "reached the cluster");
                 break;
             }
-            // The gossip thread ended (shutdown): nothing to wait for.
-            Ok(Err(_)) => return,
+            // The gossip thread ended (shutdown, or it died): no cluster
+            // reached, so never ready.
+            Ok(Err(_)) => return false,
             Err(_) if alone_at.is_some_and(|at| tokio::time::Instant::now() >= at) => {
                 tracing::info!(
                     ?wait,
@@ -81,6 +85,7 @@ pub(crate) async fn join_wait(
             _ => break,
         }
     }
+    true
 }
 
 /// How often a node still joining says so.
@@ -165,9 +170,14 @@ mod tests {
         assert!(early.is_err(), "no peer, yet the wait ended");
         tx.send(view(vec![member("b", Lifecycle::Joining, false)]))
             .unwrap();
-        tokio::time::timeout(DEADLINE, wait)
-            .await
-            .expect("a peer joining too: formed");
+        let reached = tokio::time::timeout(DEADLINE, wait).await;
+        assert_eq!(reached, Ok(true), "a peer joining too: formed");
+
+        // The gossip thread gone before a cluster was reached: never ready.
+        let (tx, mut rx) = watch::channel(view(vec![]));
+        drop(tx);
+        let ended = tokio::time::timeout(DEADLINE, join_wait(&mut rx, Some(2), ROUND)).await;
+        assert_eq!(ended, Ok(false));
     }
 
     /// `bootstrap_expect = 1`: it looks for a peer for 10 rounds (at least
@@ -176,12 +186,10 @@ mod tests {
     async fn told_it_may_it_starts_alone_after_looking_for_a_peer() {
         let (_tx, mut rx) = watch::channel(view(vec![]));
         let started = tokio::time::Instant::now();
-        tokio::time::timeout(DEADLINE, join_wait(&mut rx, Some(1), ROUND))
-            .await
-            .expect("starts alone");
+        let alone = tokio::time::timeout(DEADLINE, join_wait(&mut rx, Some(1), ROUND)).await;
+        assert_eq!(alone, Ok(true), "starts alone");
         assert!(started.elapsed() >= Duration::from_secs(1));
-        tokio::time::timeout(DEADLINE, join_wait(&mut rx, None, ROUND))
-            .await
-            .expect("no seeds: at once");
+        let at_once = tokio::time::timeout(DEADLINE, join_wait(&mut rx, None, ROUND)).await;
+        assert_eq!(at_once, Ok(true), "no seeds: at once");
     }
 }

@@ -328,11 +328,11 @@ impl Membership {
     /// hand its keys straight back.
     pub async fn join(&self, stop: &CancellationToken) {
         let mut views = self.watch();
-        tokio::select! {
-            _ = join_wait(&mut views, self.inner.bootstrap, self.inner.gossip_interval) => {}
-            _ = stop.cancelled() => {}
-        }
-        if !stop.is_cancelled() && self.inner.presence.lifecycle() == Lifecycle::Joining {
+        let reached = tokio::select! {
+            reached = join_wait(&mut views, self.inner.bootstrap, self.inner.gossip_interval) => reached,
+            _ = stop.cancelled() => false,
+        };
+        if reached && self.inner.presence.lifecycle() == Lifecycle::Joining {
             self.set_state(Lifecycle::Ready).await;
             // Own keys from the first call on: wait for this node's view to
             // hold it in the ring (a round of the gossip thread).
