@@ -311,7 +311,7 @@ impl Limiter {
         };
         let ended = self.shared.doubts.changed(&change, self.now());
         self.doubts_ended(ended);
-        self.adopt_doubts(view);
+        self.adopt_doubts(view, &reachable);
         // Changes are worth queueing while another node could hold them.
         let has_peer = view.ring.members().iter().any(|m| m.node_id != me);
         self.shared.store.set_replicating(has_peer);
