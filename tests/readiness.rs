@@ -69,6 +69,23 @@ async fn exit_of(p: &mut Proc) -> std::process::ExitStatus {
     }
 }
 
+/// Every key answered `UNAVAILABLE`, reason `NOT_READY`: decided nothing.
+fn assert_all_not_ready(keys: &[String], answers: &[pb::RateLimitResponse]) {
+    assert_eq!(answers.len(), keys.len());
+    for (k, answer) in keys.iter().zip(answers) {
+        assert_eq!(
+            answer.status,
+            pb::Status::Unavailable as i32,
+            "{k}: {answer:?}"
+        );
+        assert_eq!(
+            answer.reason,
+            pb::Reason::NotReady as i32,
+            "{k}: {answer:?}"
+        );
+    }
+}
+
 async fn readyz(p: &Proc) -> u16 {
     http_get(&format!("http://{}/readyz", p.http)).await.0
 }
@@ -105,18 +122,7 @@ async fn a_joining_node_is_not_serving_and_decides_nothing_until_it_joined() {
         .expect("a answers while joining");
     // Still joining when it answered (or the answers prove nothing).
     assert_eq!(health(&a, "").await, Some(ServingStatus::NotServing));
-    for (k, answer) in keys.iter().zip(&answers) {
-        assert_eq!(
-            answer.status,
-            pb::Status::Unavailable as i32,
-            "{k}: {answer:?}"
-        );
-        assert_eq!(
-            answer.reason,
-            pb::Reason::NotReady as i32,
-            "{k}: {answer:?}"
-        );
-    }
+    assert_all_not_ready(&keys, &answers);
 
     // The seed comes up: a joins, and says so on both probes.
     let b = spawn("ready-b", gossip[1], &gossip[..1], &env);
@@ -304,18 +310,7 @@ async fn a_restarted_node_that_reaches_no_peer_never_starts_alone() {
             .map(|k| inline("alone", k, LIMIT, 600_000))
             .collect();
         let answers = check(&mut via_c, requests).await.expect("c answers");
-        for (k, answer) in keys.iter().zip(&answers) {
-            assert_eq!(
-                answer.status,
-                pb::Status::Unavailable as i32,
-                "{k}: {answer:?}"
-            );
-            assert_eq!(
-                answer.reason,
-                pb::Reason::NotReady as i32,
-                "{k}: {answer:?}"
-            );
-        }
+        assert_all_not_ready(&keys, &answers);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     drop(c);

@@ -107,20 +107,11 @@ fn may_form(v: &ClusterView, expect: usize) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::PEER_PROTOCOL_VERSION;
 
     fn member(id: &str, state: Lifecycle, suspected: bool) -> MemberInfo {
         MemberInfo {
-            node_id: Arc::from(id),
-            generation: 1,
-            gossip_addr: "127.0.0.1:7946".parse().unwrap(),
-            grpc_addr: format!("{id}:50051"),
-            state,
-            version: String::new(),
-            protocol: PEER_PROTOCOL_VERSION,
-            policy_hash: String::new(),
             suspected,
-            doubts: Arc::default(),
+            ..super::super::view::test_member(id, state)
         }
     }
 

@@ -535,23 +535,29 @@ pub(super) fn parse_tombstones(s: &str) -> Vec<Tombstone> {
         .collect()
 }
 
+/// A member as tests build one: generation 1, this build's protocol.
+#[cfg(test)]
+pub(super) fn test_member(id: &str, state: Lifecycle) -> MemberInfo {
+    MemberInfo {
+        node_id: Arc::from(id),
+        generation: 1,
+        gossip_addr: "127.0.0.1:7946".parse().unwrap(),
+        grpc_addr: format!("{id}:50051"),
+        state,
+        version: String::new(),
+        protocol: PEER_PROTOCOL_VERSION,
+        policy_hash: String::new(),
+        suspected: false,
+        doubts: Arc::default(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn member(id: &str, state: Lifecycle) -> MemberInfo {
-        MemberInfo {
-            node_id: Arc::from(id),
-            generation: 1,
-            gossip_addr: "127.0.0.1:7946".parse().unwrap(),
-            grpc_addr: format!("{id}:50051"),
-            state,
-            version: String::new(),
-            protocol: PEER_PROTOCOL_VERSION,
-            policy_hash: String::new(),
-            suspected: false,
-            doubts: Arc::default(),
-        }
+        test_member(id, state)
     }
 
     fn reading(members: Vec<MemberInfo>) -> Reading {
