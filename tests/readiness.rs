@@ -86,6 +86,20 @@ fn assert_all_not_ready(keys: &[String], answers: &[pb::RateLimitResponse]) {
     }
 }
 
+/// One hit on `k` (limit `limit`, ten minutes), its answer.
+async fn check_one(
+    client: &mut sluice::proto::v1::rate_limiter_client::RateLimiterClient<
+        tonic::transport::Channel,
+    >,
+    k: &str,
+    limit: i64,
+) -> pb::RateLimitResponse {
+    check(client, vec![inline("alone", k, limit, 600_000)])
+        .await
+        .unwrap()
+        .remove(0)
+}
+
 async fn readyz(p: &Proc) -> u16 {
     http_get(&format!("http://{}/readyz", p.http)).await.0
 }
@@ -263,10 +277,7 @@ async fn a_restarted_node_that_reaches_no_peer_never_starts_alone() {
     let mut client = nodes[0].client().await;
     for k in &keys {
         for _ in 0..LIMIT {
-            let answer = check(&mut client, vec![inline("alone", k, LIMIT, 600_000)])
-                .await
-                .unwrap()
-                .remove(0);
+            let answer = check_one(&mut client, k, LIMIT).await;
             assert_eq!(
                 answer.status,
                 pb::Status::UnderLimit as i32,
@@ -325,10 +336,7 @@ async fn a_restarted_node_that_reaches_no_peer_never_starts_alone() {
     }
     for (k, via) in keys.iter().zip(nodes.iter().cycle()) {
         let mut client = via.client().await;
-        let answer = check(&mut client, vec![inline("alone", k, LIMIT, 600_000)])
-            .await
-            .unwrap()
-            .remove(0);
+        let answer = check_one(&mut client, k, LIMIT).await;
         assert_eq!(
             answer.status,
             pb::Status::OverLimit as i32,
