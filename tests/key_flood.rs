@@ -27,8 +27,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use futures::FutureExt;
-
 use common::{eventually, free_port, inline, under};
 use sluice::proto::v1 as pb;
 use sluice::proto::v1::rate_limiter_client::RateLimiterClient;
@@ -122,20 +120,23 @@ async fn start_node(env: &[(&str, String)]) -> Node {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let proc = Proc(cmd.spawn().expect("sluice starts"));
-    let url = format!("http://{grpc}");
-    eventually("the node serves", Duration::from_secs(20), || {
-        connect(url.clone()).map(|c| c.is_ok())
-    })
-    .await;
-    // Serving is not ready: until it is, a check is answered UNAVAILABLE
-    // (NOT_READY), and the steady caller's first check must be admitted.
-    // (Seen once in CI: the port answered before the node turned ready.)
+    let mut proc = Proc(cmd.spawn().expect("sluice starts"));
+    // Ready, not merely listening: the gRPC port accepts (in the kernel's
+    // backlog) the moment it is bound, before the HTTP port is bound and
+    // long before the node turns ready — until then a check is answered
+    // UNAVAILABLE (NOT_READY), and the steady caller's first check must be
+    // admitted. (Seen in CI: gRPC connected, then `/readyz` was refused.)
+    // A refused `/readyz` is a port not bound yet — unless the process died.
     let readyz = format!("http://{http}/readyz");
-    eventually("the node ready", Duration::from_secs(20), || async {
-        common::http_get(&readyz).await.0 == 200
+    eventually("the node ready", Duration::from_secs(20), || {
+        if let Some(exit) = proc.0.try_wait().expect("the node's status") {
+            panic!("the node exited while starting: {exit}");
+        }
+        let readyz = readyz.clone();
+        async move { matches!(common::try_http_get(&readyz).await, Ok((200, _))) }
     })
     .await;
+    let url = format!("http://{grpc}");
     let channel = connect(url).await.unwrap();
     Node {
         proc,

@@ -179,12 +179,18 @@ impl TestNode {
 
 /// A minimal HTTP/1.1 GET over a raw socket (no client crate needed).
 pub async fn http_get(url: &str) -> (u16, String) {
+    try_http_get(url)
+        .await
+        .unwrap_or_else(|e| panic!("http connects to {url}: {e}"))
+}
+
+/// [`http_get`], or why it could not connect: for a port that may not be
+/// bound yet (a process still starting).
+pub async fn try_http_get(url: &str) -> std::io::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let rest = url.trim_start_matches("http://");
     let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    let mut s = tokio::net::TcpStream::connect(host)
-        .await
-        .expect("http connects");
+    let mut s = tokio::net::TcpStream::connect(host).await?;
     let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
     s.write_all(req.as_bytes()).await.unwrap();
     let mut buf = Vec::new();
@@ -199,7 +205,7 @@ pub async fn http_get(url: &str) -> (u16, String) {
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
-    (status, body)
+    Ok((status, body))
 }
 
 /// A minimal HTTP/1.1 POST of a JSON body: status, headers (lowercase
