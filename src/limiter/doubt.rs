@@ -123,7 +123,29 @@ pub struct Change<'a> {
     /// The ring this node decided under before (empty right after start).
     pub previous: &'a Arc<Ring>,
     /// Members that can hold counts now, this node aside.
-    pub live: &'a [Member],
+    pub live: &'a [Heard],
+}
+
+/// A member this node hears, and every generation its process has been:
+/// from `born` (the one it started as, gossiped) to `generation` (now).
+///
+/// A process that was away long enough to be buried (paused past
+/// failure detection, cut off) rejoins under a newer generation, but it
+/// is the same process: the copies it held lived through the rejoin, so
+/// it is the holder of record it was. A restarted process is born anew
+/// (its `born` is its new generation): its counts died with the old one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Heard {
+    pub node_id: Arc<str>,
+    pub born: u64,
+    pub generation: u64,
+}
+
+impl Heard {
+    /// Whether this is the process that was `id` at `generation`.
+    fn was(&self, id: &str, generation: u64) -> bool {
+        &*self.node_id == id && (self.born..=self.generation).contains(&generation)
+    }
 }
 
 /// This node's regions of doubt.
@@ -185,15 +207,12 @@ impl Doubts {
 
     /// A change of view. Members of the previous ring not live now (but
     /// this node) open a region, and join every region still open;
-    /// members live again under the same generation leave every region —
-    /// their state comes with the transfer. Returns what the regions
-    /// resolved or pushed out came to.
+    /// members live again as the same process (the same generation, or a
+    /// newer one it rejoined as: [`Heard`]) leave every region — their
+    /// state comes with the transfer. Returns what the regions resolved
+    /// or pushed out came to.
     pub fn changed(&self, c: &Change<'_>, now: Nanos) -> Ended {
-        let is_live = |id: &str, generation: u64| {
-            c.live
-                .iter()
-                .any(|m| &*m.node_id == id && m.generation == generation)
-        };
+        let is_live = |id: &str, generation: u64| c.live.iter().any(|m| m.was(id, generation));
         let gone: Vec<(Arc<str>, u64)> = c
             .previous
             .members()
@@ -209,6 +228,13 @@ impl Doubts {
                 if !r.gone.iter().any(|(id, _)| *id == g.0) {
                     r.gone.push(g.clone());
                 }
+            }
+            // A holder back leaves one member gone: no key is in doubt
+            // under it now, and none decided in doubt was taken from a
+            // best copy (it comes with the transfer).
+            if !r.can_cover() {
+                r.keys.clear();
+                r.overflow = 0;
             }
         }
         // A region none of whose members is gone any more is resolved: the
@@ -267,14 +293,15 @@ impl Doubts {
     /// restarted, or new). `ring` is this node's ring now; `me` and
     /// `born` its id and the generation its process started as: an older
     /// generation of itself is gone like any other member, a newer one is
-    /// this process; `live`, the members it hears. At most the grace is
+    /// this process; `live`, the members it hears (a process it hears as
+    /// it was then is not gone here). At most the grace is
     /// adopted; a region that ended here (not one resolved by its members
     /// coming back) is not adopted again. Returns how many were adopted.
     pub fn adopt(
         &self,
         published: &[PublishedDoubt],
         ring: &Ring,
-        live: &[Member],
+        live: &[Heard],
         me: &str,
         born: u64,
         now: Nanos,
@@ -296,9 +323,7 @@ impl Doubts {
             // (a peer's suspicion this node does not share, or a loss
             // since resolved): a region they leave with fewer than two
             // covers nothing.
-            let is_live = |(id, g): &(Arc<str>, u64)| {
-                live.iter().any(|m| m.node_id == *id && m.generation == *g)
-            };
+            let is_live = |(id, g): &(Arc<str>, u64)| live.iter().any(|m| m.was(id, *g));
             let gone_here = gone.iter().filter(|g| !is_live(g)).count();
             let full = regions.len() >= MAX_REGIONS;
             if full || gone_here < 2 || Self::was_done(&done, &gone) || regions.iter().any(holds) {
@@ -448,7 +473,7 @@ impl super::Limiter {
     pub(super) fn adopt_doubts(
         &self,
         view: &crate::cluster::membership::ClusterView,
-        live: &[Member],
+        live: &[Heard],
     ) {
         let me = &*self.shared.node_id;
         let word: Vec<PublishedDoubt> = view
@@ -568,12 +593,21 @@ mod tests {
             .unwrap()
     }
 
-    fn live(ids: &[&str]) -> Vec<Member> {
-        ids.iter().map(|id| member(id, 1)).collect()
+    /// `id`, born at `born`, heard at `generation`.
+    fn heard(id: &str, born: u64, generation: u64) -> Heard {
+        Heard {
+            node_id: id.into(),
+            born,
+            generation,
+        }
+    }
+
+    fn live(ids: &[&str]) -> Vec<Heard> {
+        ids.iter().map(|id| heard(id, 1, 1)).collect()
     }
 
     /// `me` moves from `previous` to a view with `live` peers.
-    fn change(d: &Doubts, me: &str, previous: &Arc<Ring>, live: &[Member], at: Nanos) -> Ended {
+    fn change(d: &Doubts, me: &str, previous: &Arc<Ring>, live: &[Heard], at: Nanos) -> Ended {
         d.changed(&Change { me, previous, live }, at)
     }
 
@@ -655,12 +689,32 @@ mod tests {
         let before = ring(&["a", "b", "c"]);
         let k = key_of(&before, "a", "b");
         change(&d, "c", &before, &live(&[]), S);
-        let restarted = vec![member("a", 2), member("b", 2)];
+        let restarted = vec![heard("a", 2, 2), heard("b", 2, 2)];
         let mut ended = Ended::default();
         change(&d, "c", &ring(&["c"]), &restarted, 2 * S);
         assert!(d.in_doubt(&k, 3 * S, &mut ended), "its state was lost");
         assert!(!d.in_doubt(&k, 11 * S, &mut ended), "past the grace");
         assert_eq!(ended, Ended { taken: 1 });
+    }
+
+    /// A holder paused past its burial rejoins under a newer generation,
+    /// the same process (born at the generation that was lost): its copies
+    /// lived through the pause, so it is back as the holder of record.
+    #[test]
+    fn a_process_back_under_a_newer_generation_resolves_it() {
+        let d = Doubts::new(10 * S);
+        let before = ring(&["a", "b", "c"]);
+        let k = key_of(&before, "a", "b");
+        change(&d, "c", &before, &live(&[]), S);
+        let mut ended = Ended::default();
+        assert!(d.in_doubt(&k, 2 * S, &mut ended));
+        // a restarted (born anew); b rejoined (born at 1, now 3).
+        let back = vec![heard("a", 2, 2), heard("b", 1, 3)];
+        change(&d, "c", &ring(&["c"]), &back, 3 * S);
+        assert!(!d.in_doubt(&k, 4 * S, &mut ended), "b's copy is back");
+        assert_eq!(d.figures(), (0, 0), "nothing in doubt, nothing counted");
+        assert!(!d.in_doubt(&k, 12 * S, &mut ended));
+        assert_eq!(ended, Ended { taken: 0 }, "nothing taken from a best copy");
     }
 
     /// Two of three lost together, one restarted while the other is

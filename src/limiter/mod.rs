@@ -296,13 +296,17 @@ impl Limiter {
         // learns it before it could own one of them: their keys' copies
         // here are the truth only when provably current. On every view:
         // suspicions change without the ring.
-        let reachable: Vec<_> = view
+        let reachable: Vec<doubt::Heard> = view
             .members
             .iter()
             .filter(|m| {
                 m.node_id != me && !m.suspected && m.state != Lifecycle::Joining && m.in_protocol()
             })
-            .map(|m| m.as_member())
+            .map(|m| doubt::Heard {
+                node_id: m.node_id.clone(),
+                born: m.born,
+                generation: m.generation,
+            })
             .collect();
         let change = doubt::Change {
             me: &me,

@@ -31,7 +31,7 @@ pub use view::{ClusterView, MemberInfo};
 pub(crate) use join::join_wait;
 
 use super::auth::{AuthTransport, Secret};
-use view::{DOUBTS, GRPC_ADDR, POLICY_HASH, PROTOCOL, STATE, VERSION};
+use view::{BORN, DOUBTS, GRPC_ADDR, POLICY_HASH, PROTOCOL, STATE, VERSION};
 
 /// A node's lifecycle state, as gossiped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -177,6 +177,7 @@ impl Membership {
             (VERSION, env!("CARGO_PKG_VERSION").to_string()),
             (PROTOCOL, cfg.protocol.to_string()),
             (POLICY_HASH, cfg.policy_hash.clone()),
+            (BORN, cfg.generation.to_string()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))

@@ -49,6 +49,10 @@ pub(super) const POLICY_HASH: &str = "policy_hash";
 pub(super) const DEAD: &str = "dead";
 pub(super) const SUSPECTS: &str = "suspects";
 pub(super) const DOUBTS: &str = "doubts";
+/// The generation the member's process started as (it keeps it through
+/// rejoins: a newer generation of the same process still holds its
+/// copies). Absent (releases before it): the member's generation.
+pub(super) const BORN: &str = "born";
 
 /// Tombstones one node gossips at most (the newest generations).
 pub const MAX_TOMBSTONES: usize = 64;
@@ -61,6 +65,9 @@ pub type Tombstone = (Arc<str>, u64);
 pub struct MemberInfo {
     pub node_id: Arc<str>,
     pub generation: u64,
+    /// The generation its process started as (≤ `generation`; less after
+    /// it rejoined): see [`BORN`].
+    pub born: u64,
     pub gossip_addr: SocketAddr,
     pub grpc_addr: String,
     pub state: Lifecycle,
@@ -81,6 +88,11 @@ impl MemberInfo {
         Some(MemberInfo {
             node_id: id.node_id.clone(),
             generation: id.generation_id,
+            born: state
+                .get(BORN)
+                .and_then(|b| b.parse().ok())
+                .filter(|&b| b <= id.generation_id)
+                .unwrap_or(id.generation_id),
             gossip_addr: id.gossip_advertise_addr,
             grpc_addr: state.get(GRPC_ADDR)?.to_string(),
             state: Lifecycle::parse(state.get(STATE)?)?,
@@ -541,6 +553,7 @@ pub(super) fn test_member(id: &str, state: Lifecycle) -> MemberInfo {
     MemberInfo {
         node_id: Arc::from(id),
         generation: 1,
+        born: 1,
         gossip_addr: "127.0.0.1:7946".parse().unwrap(),
         grpc_addr: format!("{id}:50051"),
         state,
