@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::load::{Tally, YEAR_MS};
-use common::procs::{Proc, channel, ports, rings_are, spawn};
+use common::procs::{Proc, channel, generation_of, ports, rings_are, spawn};
 use common::{eventually, inline};
 use sluice::cluster::ring::{Member, Ring};
 use sluice::proto::v1 as pb;
@@ -264,16 +264,7 @@ async fn an_owner_killed_while_its_replica_holder_is_paused_rolls_nothing_back()
     );
     let round: Duration = humantime::parse_duration(common::procs::REPLICATE_INTERVAL).unwrap();
 
-    let holder_before = {
-        let s = common::procs::status(&procs[0].grpc).unwrap();
-        s["members"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|m| m["node_id"] == IDS[HOLDER])
-            .unwrap()["generation"]
-            .as_u64()
-    };
+    let holder_before = generation_of(&procs[0], IDS[HOLDER]);
     // The holder stops; the owner dies before anyone has noticed.
     assert!(procs[HOLDER].signal("STOP"));
     let paused = Instant::now();
@@ -308,15 +299,7 @@ async fn an_owner_killed_while_its_replica_holder_is_paused_rolls_nothing_back()
     .await;
     let whole = Instant::now();
     let back = paused.elapsed();
-    let generation = |via: &Proc, id: &str| -> Option<u64> {
-        let s = common::procs::status(&via.grpc)?;
-        s["members"]
-            .as_array()?
-            .iter()
-            .find(|m| m["node_id"] == id)?["generation"]
-            .as_u64()
-    };
-    let holder_after = generation(&procs[0], IDS[HOLDER]);
+    let holder_after = generation_of(&procs[0], IDS[HOLDER]);
     // At least two answers (both callers) since `since`, all of them exact.
     let not_exact = |record: &Record, since: Instant| -> Vec<String> {
         keys.iter()

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::load::{YEAR_MS, keys_owned_by};
-use common::procs::{Proc, check, check_within, ports, rings_are, spawn};
+use common::procs::{Proc, check, check_within, generation_of, ports, rings_are, spawn};
 use common::{eventually, inline, under};
 use sluice::proto::v1 as pb;
 
@@ -241,16 +241,6 @@ async fn a_paused_owner_comes_back_without_resetting_its_keys() {
     for (k, (admitted, approximate)) in &got {
         assert_eq!((*admitted, *approximate), (0, 0), "{k}");
     }
-}
-
-/// `node_id`'s generation as `via` sees it.
-fn generation_of(via: &Proc, node_id: &str) -> Option<u64> {
-    let s = common::procs::status(&via.grpc)?;
-    s["members"]
-        .as_array()?
-        .iter()
-        .find(|m| m["node_id"] == node_id)?["generation"]
-        .as_u64()
 }
 
 /// Being slow is not being dead (issue 49): a stall past `away_after` but

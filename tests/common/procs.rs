@@ -155,6 +155,16 @@ pub fn status(addr: &str) -> Option<serde_json::Value> {
         .then(|| serde_json::from_slice(&out.stdout).ok())?
 }
 
+/// `node_id`'s generation as `via` sees it.
+pub fn generation_of(via: &Proc, node_id: &str) -> Option<u64> {
+    let s = status(&via.grpc)?;
+    s["members"]
+        .as_array()?
+        .iter()
+        .find(|m| m["node_id"] == node_id)?["generation"]
+        .as_u64()
+}
+
 pub fn in_ring(addr: &str) -> Vec<String> {
     status(addr)
         .map(|s| super::ring_ids(&s))
