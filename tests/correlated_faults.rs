@@ -26,7 +26,14 @@ const NAME: &str = "together";
 const LIMIT: i64 = 60;
 /// Spent before the faults: a quarter of the limit left.
 const BEFORE: i64 = 45;
-const IDS: [&str; 4] = ["node-0", "node-1", "node-2", "node-3"];
+/// Five, so the three that no fault touches are a majority: what they
+/// refuse is refused for doubt, not for the minority rule.
+const IDS: [&str; 5] = ["node-0", "node-1", "node-2", "node-3", "node-4"];
+const SURVIVORS: [&str; 3] = ["node-0", "node-1", "node-4"];
+/// Longer than the test: a key the holder's return does not resolve
+/// stays in doubt (the default, 10 s, could end it by itself within the
+/// 5 s this test allows after both are back).
+const GRACE: &str = "120s";
 /// The owner killed, and the holder of its keys' replicas, paused.
 const OWNER: usize = 3;
 const HOLDER: usize = 2;
@@ -113,7 +120,7 @@ impl Record {
             .count() as i64
     }
 
-    fn exact_now(&self, k: &str, since: Instant) -> bool {
+    fn exact_since(&self, k: &str, since: Instant) -> bool {
         self.answers
             .get(k)
             .into_iter()
@@ -223,8 +230,9 @@ impl Callers {
     }
 }
 
-/// An owner killed while its replica holder is paused past failure
-/// detection, `deny` and `local_share` keys a quarter short of their
+/// An owner killed while its replica holder is paused past its burial
+/// (so it comes back either at its generation or, rejoining, at a newer
+/// one: both must end the doubt), `deny` and `local_share` keys a quarter short of their
 /// limit: per key, no exact answer counts back beyond what the owner
 /// admitted after its holder stopped (the crash's loss, stretched by the
 /// pause: nobody else ever received it); `deny` keys admit at most their
@@ -233,14 +241,15 @@ impl Callers {
 /// exact within 5 s; keys whose owner lived are exact throughout.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_owner_killed_while_its_replica_holder_is_paused_rolls_nothing_back() {
-    let gossip = ports(4);
-    let mut procs: Vec<Proc> = (0..4)
-        .map(|i| spawn(IDS[i], gossip[i], &gossip, &[]))
+    let gossip = ports(IDS.len());
+    let env = [("SLUICE_CLUSTER__IN_DOUBT_GRACE", GRACE)];
+    let mut procs: Vec<Proc> = (0..IDS.len())
+        .map(|i| spawn(IDS[i], gossip[i], &gossip, &env))
         .collect();
     rings_are(
         &procs.iter().collect::<Vec<_>>(),
         &IDS,
-        "four ready members",
+        "five ready members",
         SETTLE,
     )
     .await;
@@ -255,6 +264,7 @@ async fn an_owner_killed_while_its_replica_holder_is_paused_rolls_nothing_back()
     for p in &procs[..2] {
         via.push((p.id.clone(), RateLimiterClient::new(channel(p).await)));
     }
+    let started = Instant::now();
     let callers = Callers::start(keys.clone(), via);
     callers.until_offered(BEFORE).await;
     let lag = Duration::from_micros(
@@ -276,20 +286,35 @@ async fn an_owner_killed_while_its_replica_holder_is_paused_rolls_nothing_back()
 
     // Both leave the survivors' rings (detected, then buried); their keys
     // are in doubt now, and stay so while the callers go on.
-    let survivors: Vec<&Proc> = procs[..2].iter().collect();
+    let survivors: Vec<&Proc> = [0, 1, 4].iter().map(|&i| &procs[i]).collect();
     rings_are(
         &survivors,
-        &IDS[..2],
+        &SURVIVORS,
         "both out of the survivors' rings",
         SETTLE,
     )
     .await;
     let both_out = paused.elapsed();
+    // Every key of the two is in doubt at its new owner (the callers ask
+    // about each every round).
+    let in_doubt = || async {
+        let mut n = 0.0;
+        for p in &survivors {
+            n += p.metric("sluice_keys_in_doubt").await;
+        }
+        n
+    };
+    eventually(
+        "the keys of both in doubt",
+        Duration::from_secs(5),
+        || async { in_doubt().await >= both.len() as f64 },
+    )
+    .await;
 
     // The holder resumes, the owner restarts (a new process: its counts
     // died with it), and both are back in every ring.
     assert!(procs[HOLDER].signal("CONT"));
-    procs[OWNER] = spawn(IDS[OWNER], gossip[OWNER], &gossip, &[]);
+    procs[OWNER] = spawn(IDS[OWNER], gossip[OWNER], &gossip, &env);
     rings_are(
         &procs.iter().collect::<Vec<_>>(),
         &IDS,
@@ -305,7 +330,7 @@ async fn an_owner_killed_while_its_replica_holder_is_paused_rolls_nothing_back()
         keys.iter()
             .filter(|k| {
                 record.answers[*k].iter().filter(|a| a.at >= since).count() < 2
-                    || !record.exact_now(k, since)
+                    || !record.exact_since(k, since)
             })
             .map(|k| format!("{k}: {}", record.tally.by_node(k)))
             .collect()
@@ -327,6 +352,11 @@ async fn an_owner_killed_while_its_replica_holder_is_paused_rolls_nothing_back()
     let exact_after = whole.elapsed();
     callers.until_offered(3 * LIMIT).await;
     let record = callers.finish().await;
+    // The holder came back: no key was taken from a best copy, anywhere.
+    for p in &procs {
+        let taken = p.metric("sluice_keys_taken_from_best_copy").await;
+        assert_eq!(taken, 0.0, "{}: keys taken from a best copy", p.id);
+    }
 
     // What the owner admitted that its stopped holder never got.
     let since = paused - lag - round;
@@ -359,7 +389,8 @@ async fn an_owner_killed_while_its_replica_holder_is_paused_rolls_nothing_back()
             && if lost.contains_key(k.as_str()) {
                 admitted <= LIMIT + bound && (!deny || unavailable > 0)
             } else {
-                admitted == LIMIT && rollback == 0
+                // Their owner lived: exact throughout.
+                admitted == LIMIT && rollback == 0 && record.exact_since(k, started)
             };
         if !ok {
             wrong.push(format!(

@@ -270,6 +270,14 @@ impl Doubts {
         ended
     }
 
+    /// Forget every region (this node rejoined as a new member: see
+    /// `Limiter::set_view`). What they held was not taken from a best
+    /// copy here: the regions the peers publish carry it on.
+    pub fn forget(&self) {
+        self.regions().clear();
+        self.any.store(false, Ordering::Release);
+    }
+
     /// This node's open regions that can hold a key in doubt, as it
     /// publishes them: who went, and the time left.
     pub fn published(&self, now: Nanos) -> Vec<PublishedDoubt> {
@@ -695,6 +703,40 @@ mod tests {
         assert!(d.in_doubt(&k, 3 * S, &mut ended), "its state was lost");
         assert!(!d.in_doubt(&k, 11 * S, &mut ended), "past the grace");
         assert_eq!(ended, Ended { taken: 1 });
+    }
+
+    /// b was away long enough to be buried: k, b's own in the ring it
+    /// knew, moved to c (replica d), and then c and d were lost together.
+    /// b's own region over its old ring holds the same losses as the one
+    /// its peers publish, so it would keep theirs off — and under its old
+    /// ring k is its own, never in doubt (a cold review's scenario).
+    /// Rejoined, b forgets its regions and adopts its peers'.
+    #[test]
+    fn a_rejoined_node_forgets_its_own_regions_and_adopts_its_peers() {
+        let old = ring(&["a", "b", "c", "d", "e", "f"]);
+        let without_b = ring(&["a", "c", "d", "e", "f"]);
+        let k = key_where(&old, "b", "c", |k| {
+            &*without_b.successor(k).unwrap().node_id == "d"
+        });
+        let survivor = Doubts::new(100 * S);
+        change(&survivor, "a", &without_b, &live(&["e", "f"]), S);
+        let word = survivor.published(S);
+        assert_eq!(word.len(), 1);
+
+        let b = Doubts::new(100 * S);
+        change(&b, "b", &old, &live(&["a", "e", "f"]), S);
+        let now = ring(&["a", "b", "e", "f"]);
+        let heard = live(&["a", "e", "f"]);
+        assert_eq!(b.adopt(&word, &now, &heard, "b", 1, S), 0, "kept off");
+        let mut ended = Ended::default();
+        assert!(
+            !b.in_doubt(&k, 2 * S, &mut ended),
+            "the old ring says: its own"
+        );
+
+        b.forget();
+        assert_eq!(b.adopt(&word, &now, &heard, "b", 1, S), 1);
+        assert!(b.in_doubt(&k, 2 * S, &mut ended), "c and d held it last");
     }
 
     /// A holder paused past its burial rejoins under a newer generation,

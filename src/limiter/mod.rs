@@ -308,9 +308,22 @@ impl Limiter {
                 generation: m.generation,
             })
             .collect();
+        // A node back as a new member after being away saw the ring
+        // change only from outside: its own regions (over its old ring)
+        // and that ring cannot say which keys moved meanwhile and whose
+        // holders went since. It starts over as a new node does, from the
+        // regions its peers publish (adopted below).
+        let fresh;
+        let previous = if rejoined {
+            self.shared.doubts.forget();
+            fresh = Arc::new(Ring::new(std::iter::empty()));
+            &fresh
+        } else {
+            &old.ring
+        };
         let change = doubt::Change {
             me: &me,
-            previous: &old.ring,
+            previous,
             live: &reachable,
         };
         let ended = self.shared.doubts.changed(&change, self.now());
