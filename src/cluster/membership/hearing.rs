@@ -110,14 +110,27 @@ impl Returning {
         }
         let me = cc.self_chitchat_id();
         let peers = cc.node_states().iter().filter(|(id, _)| *id != me);
-        match &self.baseline {
+        match &mut self.baseline {
             None => {
                 self.baseline = Some(peers.map(|(id, s)| (id.clone(), Pulse::of(s))).collect());
             }
             Some(base) => {
                 for (id, s) in peers {
-                    if base.get(id).is_some_and(|b| Pulse::of(s).moved_on(b)) {
-                        self.heard.insert(id.clone());
+                    match base.get(id) {
+                        Some(b) => {
+                            if Pulse::of(s).moved_on(b) {
+                                self.heard.insert(id.clone());
+                            }
+                        }
+                        // A member first read after the baseline (a peer
+                        // restarted meanwhile: a new generation) has its
+                        // baseline now. Without it, a node back from a pause
+                        // while the peers that could vote were restarting
+                        // never heard a majority and owned nothing for good
+                        // (simulator seed 101).
+                        None => {
+                            base.insert(id.clone(), Pulse::of(s));
+                        }
                     }
                 }
             }
