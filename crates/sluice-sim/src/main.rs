@@ -189,13 +189,29 @@ fn child(schedule: &Schedule) -> Report {
     }
 }
 
+/// The log's stamp under the simulator: the run's time and the host
+/// logging, so one node's story can be read out of the run's.
+struct SimStamp;
+
+impl tracing_subscriber::fmt::time::FormatTime for SimStamp {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        use std::sync::atomic::Ordering::Relaxed;
+        let ms = sluice_sim::sim::LOG_NOW.load(Relaxed) as f64 / 1e6;
+        match sluice_sim::sim::LOG_HOST.load(Relaxed) {
+            u64::MAX => write!(w, "{ms:10.3} app"),
+            n => write!(w, "{ms:10.3} n{n}"),
+        }
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
     if let Ok(filter) = std::env::var("SIM_LOG") {
         tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
-            .without_time()
+            .with_timer(SimStamp)
+            .with_ansi(false)
             .init();
     }
     match cli.command {

@@ -41,6 +41,12 @@ use crate::world::{HostClock, SimNet, SimTicks};
 pub const TICK: Duration = Duration::from_millis(1);
 /// The cluster's shared secret.
 const SECRET: &str = "sluice-sim-secret";
+
+/// What the log's stamp reads (`SIM_LOG`): the run's time in nanoseconds
+/// and the host running now (`u64::MAX`: the apps). Set by the loop before
+/// it runs a host; only the log reads them.
+pub static LOG_NOW: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+pub static LOG_HOST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
 pub const ADMIN_TOKEN: &str = "sluice-sim-admin-token";
 
 pub fn node_ip(n: usize) -> IpAddr {
@@ -296,12 +302,15 @@ pub fn run(schedule: &Schedule) -> Outcome {
                 && let Some(rt) = &h.rt
             {
                 turmoil_net::set_current(h.id);
+                LOG_HOST.store(i as u64, std::sync::atomic::Ordering::Relaxed);
                 rt.block_on(async { tokio::time::sleep(TICK).await });
             }
         }
         turmoil_net::set_current(app_id);
+        LOG_HOST.store(u64::MAX, std::sync::atomic::Ordering::Relaxed);
         app_rt.block_on(async { tokio::time::sleep(TICK).await });
         now += tick;
+        LOG_NOW.store(now, std::sync::atomic::Ordering::Relaxed);
         links.borrow_mut().now = now;
         // The network: what was sent this tick, through the rules.
         guard.egress_all(&mut egress);
