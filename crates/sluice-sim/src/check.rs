@@ -631,6 +631,59 @@ mod tests {
         );
     }
 
+    /// Crash events: each node down at `at` and started again at `back` (ms).
+    fn crashes(downs: &[(usize, u64, u64)]) -> Vec<(u64, usize, Event)> {
+        downs
+            .iter()
+            .flat_map(|&(n, at, back)| [(ms(at), n, Event::Crashed), (ms(back), n, Event::Started)])
+            .collect()
+    }
+
+    #[test]
+    fn a_wipe_is_an_owner_and_its_replica_holder_crashed_together() {
+        use sluice::cluster::ring::{Member, Ring};
+        let s = schedule(Vec::new());
+        let grace = sluice::config::ClusterConfig::default()
+            .in_doubt_grace
+            .as_nanos() as u64;
+        let ring = Ring::new((0..s.nodes).map(|n| Member {
+            node_id: format!("n{n}").into(),
+            generation: 1,
+            grpc_addr: String::new(),
+            protocol: 0,
+        }));
+        let holders = |k: usize| {
+            let key = sluice::store::key::encode("sim", &format!("k{k}"));
+            let id = |m: Option<&Member>| m.map(|m| m.node_id[1..].parse::<usize>().unwrap());
+            (
+                id(ring.owner(&key)).unwrap(),
+                id(ring.successor(&key)).unwrap(),
+            )
+        };
+        // A key held by n0 and n1 (either way round), and one held by
+        // neither pair of theirs (n2 owns it or holds its replica).
+        let both = (0..100)
+            .find(|&k| matches!(holders(k), (0, 1) | (1, 0)))
+            .expect("a key of n0 and n1");
+        let other = (0..100)
+            .find(|&k| holders(k).0 == 2 || holders(k).1 == 2)
+            .expect("a key n2 holds");
+        // n0 crashed, n1 500 ms later while n0 was still down.
+        let together = Faults::of(&s, &crashes(&[(0, 10_000, 12_000), (1, 10_500, 13_000)]));
+        assert_eq!(together.wipes(&s, both), vec![ms(10_000) + grace]);
+        assert_eq!(together.wipes(&s, other), Vec::<u64>::new());
+        // The second crash after the first node was back: a copy survived.
+        let apart = Faults::of(&s, &crashes(&[(0, 10_000, 10_400), (1, 10_500, 13_000)]));
+        assert_eq!(apart.wipes(&s, both), Vec::<u64>::new());
+        // The second crash beyond the window, the first still down.
+        let late = 10_000 + WIPE_WINDOW + 1;
+        let far = Faults::of(&s, &crashes(&[(0, 10_000, 20_000), (1, late, 21_000)]));
+        assert_eq!(far.wipes(&s, both), Vec::<u64>::new());
+        // At the same instant: one pair, counted once.
+        let same = Faults::of(&s, &crashes(&[(1, 10_000, 12_000), (0, 10_000, 12_000)]));
+        assert_eq!(same.wipes(&s, both), vec![ms(10_000) + grace]);
+    }
+
     #[test]
     fn a_key_that_never_answers_exactly_after_the_heal_fails_liveness() {
         let s = schedule(Vec::new());
