@@ -104,10 +104,8 @@ impl Limiter {
     }
 
     /// Whether this node may own keys right now.
-    /// Not while its calls to half its ring or more fail (cut off one
-    /// way, it may still hear everyone: see `cluster/peers/reach.rs`).
     pub(super) fn may_own(&self) -> bool {
-        self.shared.presence.may_own(self.shared.presence.boot()) && !self.shared.peers.cut_off()
+        self.shared.presence.may_own(self.shared.presence.boot())
     }
 
     /// After a decision was refused as stale: wait (until `deadline`) for

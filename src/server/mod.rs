@@ -175,12 +175,6 @@ impl Node {
                 in_flight: cluster.peer_in_flight,
                 breaker_failures: cluster.breaker_failures,
                 breaker_cooldown: cluster.breaker_cooldown,
-                cut_off_after: crate::cluster::membership::deaf_after(
-                    crate::cluster::membership::away_after(
-                        cluster.gossip_interval,
-                        cluster.phi_threshold,
-                    ),
-                ),
                 tls: match &cluster.tls {
                     Some(tls) => {
                         Some(crate::tls::peer_client(tls).map_err(|e| ConfigError(e.to_string()))?)

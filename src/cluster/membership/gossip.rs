@@ -165,7 +165,11 @@ impl Gossip {
         let mut returning: Option<Returning> = None;
         let mut hearing = Hearing::default();
         let away = Duration::from_nanos(self.presence.away_after());
-        let deaf_after = super::deaf_after(away);
+        // Heard from no majority this long: cut off. Half again
+        // `away_after` — still short of the failure detection (twice
+        // `away_after`) and the vote the others need to bury this node,
+        // with room for a loaded machine's late rounds.
+        let deaf_after = away + away / 2;
         // Hearing no majority (last round): this node suspects no one.
         let mut deaf = false;
         // Whether this chitchat has yet to gossip the burials (a rejoin's

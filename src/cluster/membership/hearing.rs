@@ -10,8 +10,7 @@
 //! of a round trip — chitchat moves heartbeats on a digest alone, so a
 //! node whose outbound gossip is lost still hears everyone; that node
 //! learns it was buried from its next peer call (the burial word, see
-//! `gossip.rs`) or, its gRPC lost too, from its calls failing
-//! (`cluster/peers/reach.rs`). A version-based tick, which needs a round trip, was
+//! `gossip.rs`). A version-based tick, which needs a round trip, was
 //! tried: within `away_after` it missed under CI's load and cut healthy
 //! nodes off. Only ready members of the view, at their generation,
 //! count: the ones that could vote to bury this node.

@@ -115,15 +115,6 @@ pub fn away_after(gossip_interval: Duration, phi_threshold: f64) -> Duration {
     (detection / 2).max(gossip_interval * 2)
 }
 
-/// Heard from no majority this long (or reaching none by peer calls,
-/// `cluster/peers/reach.rs`): cut off. Half again `away_after` — still
-/// short of the failure detection (twice `away_after`) and the vote the
-/// others need to bury this node, with room for a loaded machine's late
-/// rounds.
-pub fn deaf_after(away_after: Duration) -> Duration {
-    away_after + away_after / 2
-}
-
 /// The membership handle: cheap to clone.
 #[derive(Clone)]
 pub struct Membership {

@@ -33,7 +33,6 @@ use crate::store::key;
 mod batcher;
 pub mod codec;
 mod figures;
-mod reach;
 mod sender;
 mod types;
 
@@ -58,10 +57,6 @@ pub struct ForwardSettings {
     pub breaker_failures: u32,
     /// How long an open breaker waits before letting a probe through.
     pub breaker_cooldown: Duration,
-    /// Calls to half the ring failing this long (and still failing): this
-    /// node owns nothing (see `reach.rs`). The gossip rule's deafness
-    /// threshold.
-    pub cut_off_after: Duration,
     /// Mutual TLS to peers (`cluster.tls`); plain HTTP/2 without.
     pub tls: Option<tonic::transport::ClientTlsConfig>,
     /// Validation bounds for states received from peers.
@@ -124,8 +119,6 @@ struct Sender {
     /// This node's presence, once membership runs: each call carries its
     /// generation, and a peer's "buried" answer goes to it.
     presence: Arc<OnceLock<Arc<Presence>>>,
-    /// Each call's outcome also goes here (see `reach.rs`).
-    reach: Arc<reach::Reach>,
 }
 
 /// The set of peer clients; cheap to clone.
@@ -144,8 +137,6 @@ struct PeersInner {
     /// A std Mutex: held to look up or swap a client, never across an await.
     peers: Mutex<HashMap<Arc<str>, Arc<Peer>>>,
     presence: Arc<OnceLock<Arc<Presence>>>,
-    /// Whether this node's calls reach a majority of its ring.
-    reach: Arc<reach::Reach>,
 }
 
 impl Peers {
@@ -156,11 +147,6 @@ impl Peers {
         metrics: Arc<ClusterMetrics>,
         faults: Arc<Faults>,
     ) -> Peers {
-        // Failures are still coming while the latest is this recent: an
-        // open breaker lets a probe out every cooldown, and the probe
-        // fails within a forward timeout.
-        let fresh = (settings.breaker_cooldown * 2 + settings.timeout).max(Duration::from_secs(3));
-        let reach = Arc::new(reach::Reach::new(settings.cut_off_after, fresh));
         Peers {
             inner: Arc::new(PeersInner {
                 self_id: Arc::from(self_id),
@@ -171,7 +157,6 @@ impl Peers {
                 faults,
                 peers: Mutex::new(HashMap::new()),
                 presence: Arc::new(OnceLock::new()),
-                reach,
             }),
         }
     }
@@ -202,12 +187,6 @@ impl Peers {
     /// elsewhere, or speaks another protocol).
     pub fn follow(&self, ring: &Ring, live: &[Member]) {
         self.inner.epoch.store(ring.epoch(), Ordering::Relaxed);
-        self.inner.reach.follow(
-            ring.members()
-                .iter()
-                .filter(|m| m.node_id != self.inner.self_id)
-                .map(|m| m.node_id.clone()),
-        );
         let find = |id: &str| live.iter().find(|m| &*m.node_id == id);
         let mut peers = self.lock();
         peers.retain(|id, p| {
@@ -278,7 +257,6 @@ impl Peers {
             clock: settings.clock.clone(),
             clock_warned: Arc::new(AtomicBool::new(false)),
             presence: self.inner.presence.clone(),
-            reach: self.inner.reach.clone(),
             gone: stop.clone(),
             figures: Arc::default(),
         };
@@ -671,12 +649,6 @@ impl Peers {
             Allow::Probe => Ok((peer, true)),
             Allow::Yes => Ok((peer, false)),
         }
-    }
-
-    /// Whether this node's calls to half its ring or more have failed for
-    /// a while and still fail: it owns nothing (see `reach.rs`).
-    pub fn cut_off(&self) -> bool {
-        self.inner.reach.cut_off()
     }
 
     /// Breaker states and figures by peer, for the status page.

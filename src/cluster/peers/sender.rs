@@ -281,7 +281,6 @@ impl<'a> Attempt<'a> {
         // A refusal came from a peer that answered: reachable.
         let reached = !matches!(outcome, Err(ForwardError::Unreachable { .. }));
         self.sender.breaker.record(reached);
-        self.sender.reach.record(&self.sender.node_id, reached);
         self.sender
             .metrics
             .breaker_state(&self.sender.node_id, self.sender.breaker.state().gauge());
