@@ -528,17 +528,13 @@ impl super::Limiter {
         (regions, keys)
     }
 
-    /// This node's open regions of doubt, as it publishes them — also
-    /// while it sees no majority: a node left with a minority when an
-    /// owner and its replica holder went together is often the only one
-    /// that saw them go, and a node restarted meanwhile owns keys as soon
-    /// as a majority forms again (simulator seed 152: the survivors said
-    /// nothing while in a minority, the restarted replica holder owned the
-    /// key before their word reached it, and answered it exactly from a
-    /// stale copy). A node cut off names live members gone, but an
-    /// adopter counts only the members it does not hear (`Doubts::adopt`),
-    /// and a node that rejoins forgets its regions.
+    /// This node's open regions of doubt, as it publishes them: none while
+    /// it sees no majority (cut off, or just rejoined alone, it would
+    /// name live members gone).
     pub fn published_doubts(&self) -> Vec<PublishedDoubt> {
+        if self.shared.topology.load().minority {
+            return Vec::new();
+        }
         self.shared.doubts.published(self.now())
     }
 
