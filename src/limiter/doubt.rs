@@ -318,32 +318,46 @@ impl Doubts {
         let done = self.done();
         let mut count = 0;
         for p in published {
+            // Members this node hears as the process they were then are
+            // not gone here: a peer's suspicion this node does not share,
+            // a loss since resolved, or the stale word of a peer back from
+            // a pause that names everyone it stopped hearing. They are
+            // left out of the region, not only of the count: a region
+            // naming a live member gone covers the keys it owns and holds
+            // (a node back from a pause named its live peers gone; a
+            // member's brief suspicion made the rest count, and keys whose
+            // owner lived were refused as in doubt).
+            let is_live = |(id, g): &(Arc<str>, u64)| live.iter().any(|m| m.was(id, *g));
+            // The publisher named this process gone: it was in that ring
+            // as this process, and owned its keys there as it does now.
+            let named_me = p.gone.iter().any(|(id, g)| &**id == me && *g >= born);
             let mut gone: Vec<(Arc<str>, u64)> = p
                 .gone
                 .iter()
                 .filter(|(id, g)| !(&**id == me && *g >= born))
+                .filter(|g| !is_live(g))
                 .cloned()
                 .collect();
             gone.sort();
             gone.dedup();
             let holds = |r: &Region| gone.iter().all(|g| r.gone.contains(g));
-            // Members this node hears at that generation are not gone here
-            // (a peer's suspicion this node does not share, or a loss
-            // since resolved): a region they leave with fewer than two
-            // covers nothing.
-            let is_live = |(id, g): &(Arc<str>, u64)| live.iter().any(|m| m.was(id, *g));
-            let gone_here = gone.iter().filter(|g| !is_live(g)).count();
+            // Fewer than two gone here covers nothing.
             let full = regions.len() >= MAX_REGIONS;
-            if full || gone_here < 2 || Self::was_done(&done, &gone) || regions.iter().any(holds) {
+            if full || gone.len() < 2 || Self::was_done(&done, &gone) || regions.iter().any(holds) {
                 continue;
             }
-            // This node was in that ring only as a generation gone (a
-            // new node id was not there at all; one that was there and
-            // live saw the change and holds its own region).
+            // Members gone take the places they had; the rest of the ring
+            // now stands for the rest of that ring. This node was in it
+            // as this process when the publisher named it, else only as a
+            // generation gone (a new node id was not there at all; one
+            // that was there and live saw the change and holds its own
+            // region).
             let previous = ring
                 .members()
                 .iter()
-                .filter(|m| &*m.node_id != me && !gone.iter().any(|(id, _)| *id == m.node_id))
+                .filter(|m| {
+                    (named_me || &*m.node_id != me) && !gone.iter().any(|(id, _)| *id == m.node_id)
+                })
                 .cloned()
                 .chain(gone.iter().map(|(id, g)| Member {
                     node_id: id.clone(),
@@ -528,13 +542,17 @@ impl super::Limiter {
         (regions, keys)
     }
 
-    /// This node's open regions of doubt, as it publishes them: none while
-    /// it sees no majority (cut off, or just rejoined alone, it would
-    /// name live members gone).
+    /// This node's open regions of doubt, as it publishes them — also
+    /// while it sees no majority: a node left with a minority when an
+    /// owner and its replica holder went together is often the only one
+    /// that saw them go, and a node restarted meanwhile owns keys as soon
+    /// as a majority forms again (simulator seed 152: the survivors said
+    /// nothing while in a minority, the restarted replica holder owned the
+    /// key before their word reached it, and answered it exactly from a
+    /// stale copy). A node cut off names live members gone, but an
+    /// adopter counts only the members it does not hear (`Doubts::adopt`),
+    /// and a node that rejoins forgets its regions.
     pub fn published_doubts(&self) -> Vec<PublishedDoubt> {
-        if self.shared.topology.load().minority {
-            return Vec::new();
-        }
         self.shared.doubts.published(self.now())
     }
 

@@ -321,3 +321,47 @@ fn an_ended_region_is_neither_reopened_nor_adopted_again() {
         "accepted stays accepted"
     );
 }
+
+/// A peer back from a pause publishes, from its minority, a region
+/// naming every member it stopped hearing — this node among them, as
+/// this process. Only the members this node does not hear make its
+/// region (here a crashed c, and d, which it suspects for a moment), and
+/// the keys it owns stay its own: before, the heard b stayed in the
+/// region and this node was left out of the rebuilt ring, so a key of
+/// its own whose place fell to b then c was refused as in doubt
+/// (`tests/correlated_faults.rs` under CPU load: keys whose owner lived
+/// answered unavailable).
+#[test]
+fn a_stale_word_puts_in_doubt_only_what_this_node_does_not_hear() {
+    let before = ring(&["a", "b", "c", "d", "e"]);
+    let without_a = ring(&["b", "c", "d", "e"]);
+    let mine = key_where(&before, "a", "b", |k| {
+        &*without_a.owner(k).unwrap().node_id == "b"
+            && &*without_a.successor(k).unwrap().node_id == "c"
+    });
+    let of_c_and_d = key_of(&before, "c", "d");
+    // e, back from a pause, heard nobody: it names everyone gone.
+    let e = Doubts::new(100 * S);
+    change(&e, "e", &before, &live(&[]), S);
+    let word = e.published(S);
+    assert_eq!(word.len(), 1);
+    assert_eq!(word[0].gone.len(), 4);
+
+    let a = Doubts::new(100 * S);
+    let heard = live(&["b", "e"]);
+    assert_eq!(a.adopt(&word, &before, &heard, "a", 1, 2 * S), 1);
+    let mut ended = Ended::default();
+    assert!(!a.in_doubt(&mine, 3 * S, &mut ended), "a's own key");
+    assert!(
+        a.in_doubt(&of_c_and_d, 3 * S, &mut ended),
+        "neither holder heard here"
+    );
+    // Once: the same word again adopts nothing.
+    assert_eq!(a.adopt(&word, &before, &heard, "a", 1, 4 * S), 0);
+    // Heard all but c: nothing to adopt.
+    let fresh = Doubts::new(100 * S);
+    assert_eq!(
+        fresh.adopt(&word, &before, &live(&["b", "d", "e"]), "a", 1, 2 * S),
+        0
+    );
+}
