@@ -298,11 +298,11 @@ impl Doubts {
 
     /// Adopt the regions peers publish over losses this node holds no
     /// region of its own for (a node that did not see the change:
-    /// restarted, or new). `ring` is this node's ring now; `me` and
-    /// `born` its id and the generation its process started as: an older
-    /// generation of itself is gone like any other member, a newer one is
-    /// this process; `live`, the members it hears (a process it hears as
-    /// it was then is not gone here). At most the grace is
+    /// restarted, or new). `ring` is this node's ring now; `me` this
+    /// node: its id, the generation its process started as (`born`) and
+    /// its generation now — an older generation than `born` is gone like
+    /// any other member, a newer one is this process; `live`, the members
+    /// it hears (a process it hears as it was then is not gone here). At most the grace is
     /// adopted; a region that ended here (not one resolved by its members
     /// coming back) is not adopted again. Returns how many were adopted.
     pub fn adopt(
@@ -310,10 +310,11 @@ impl Doubts {
         published: &[PublishedDoubt],
         ring: &Ring,
         live: &[Heard],
-        me: &str,
-        born: u64,
+        me: &Heard,
         now: Nanos,
     ) -> usize {
+        let (born, now_as) = (me.born, me.generation);
+        let me = &*me.node_id;
         let mut regions = self.regions();
         let done = self.done();
         let mut count = 0;
@@ -328,9 +329,15 @@ impl Doubts {
             // member's brief suspicion made the rest count, and keys whose
             // owner lived were refused as in doubt).
             let is_live = |(id, g): &(Arc<str>, u64)| live.iter().any(|m| m.was(id, *g));
-            // The publisher named this process gone: it was in that ring
-            // as this process, and owned its keys there as it does now.
-            let named_me = p.gone.iter().any(|(id, g)| &**id == me && *g >= born);
+            // The publisher named this node gone at its generation now: it
+            // was in that ring as it is, and owned its keys there as it
+            // does now. Named at an older generation of this process (it
+            // was buried and rejoined since), its keys moved off it
+            // meanwhile: it is left out of the ring, as a new node is (a
+            // cold review: kept in, it stood as the next holder of a key
+            // whose later holders were lost, and answered it exactly from
+            // its copy from before the pause).
+            let named_me = p.gone.iter().any(|(id, g)| &**id == me && *g == now_as);
             let mut gone: Vec<(Arc<str>, u64)> = p
                 .gone
                 .iter()
@@ -507,10 +514,15 @@ impl super::Limiter {
         if word.is_empty() {
             return;
         }
-        let adopted =
-            self.shared
-                .doubts
-                .adopt(&word, &view.ring, live, me, self.shared.born, self.now());
+        let me_now = Heard {
+            node_id: self.shared.node_id.clone(),
+            born: self.shared.born,
+            generation: view.self_generation,
+        };
+        let adopted = self
+            .shared
+            .doubts
+            .adopt(&word, &view.ring, live, &me_now, self.now());
         if adopted > 0 {
             tracing::warn!(
                 regions = adopted,

@@ -160,8 +160,12 @@ fn a_rejoined_node_forgets_its_own_regions_and_adopts_its_peers() {
     let b = Doubts::new(100 * S);
     change(&b, "b", &old, &live(&["a", "e", "f"]), S);
     let now = ring(&["a", "b", "e", "f"]);
-    let heard = live(&["a", "e", "f"]);
-    assert_eq!(b.adopt(&word, &now, &heard, "b", 1, S), 0, "kept off");
+    let hears = live(&["a", "e", "f"]);
+    assert_eq!(
+        b.adopt(&word, &now, &hears, &heard("b", 1, 1), S),
+        0,
+        "kept off"
+    );
     let mut ended = Ended::default();
     assert!(
         !b.in_doubt(&k, 2 * S, &mut ended),
@@ -169,7 +173,7 @@ fn a_rejoined_node_forgets_its_own_regions_and_adopts_its_peers() {
     );
 
     b.forget();
-    assert_eq!(b.adopt(&word, &now, &heard, "b", 1, S), 1);
+    assert_eq!(b.adopt(&word, &now, &hears, &heard("b", 1, 1), S), 1);
     assert!(b.in_doubt(&k, 2 * S, &mut ended), "c and d held it last");
 }
 
@@ -218,7 +222,7 @@ fn a_restarted_node_adopts_the_region_a_survivor_publishes() {
     let k_ac = key_of(&before, "a", "c");
     let restarted = Doubts::new(10 * S);
     assert_eq!(
-        restarted.adopt(&published, &now, &live(&["c"]), "a", 2, 100 * S),
+        restarted.adopt(&published, &now, &live(&["c"]), &heard("a", 2, 2), 100 * S),
         1
     );
     let mut ended = Ended::default();
@@ -232,7 +236,7 @@ fn a_restarted_node_adopts_the_region_a_survivor_publishes() {
     );
     // Adopted once: not again (from the same word, or after it ends).
     assert_eq!(
-        restarted.adopt(&published, &now, &live(&["c"]), "a", 2, 102 * S),
+        restarted.adopt(&published, &now, &live(&["c"]), &heard("a", 2, 2), 102 * S),
         0
     );
     assert!(
@@ -240,7 +244,7 @@ fn a_restarted_node_adopts_the_region_a_survivor_publishes() {
         "the time left, from reading it"
     );
     assert_eq!(
-        restarted.adopt(&published, &now, &live(&["c"]), "a", 2, 110 * S),
+        restarted.adopt(&published, &now, &live(&["c"]), &heard("a", 2, 2), 110 * S),
         0
     );
     assert_eq!(ended, Ended { taken: 1 });
@@ -259,7 +263,13 @@ fn a_region_is_adopted_only_where_none_covers_its_losses() {
     let other = Doubts::new(10 * S);
     change(&other, "c", &before, &live(&["d"]), S);
     assert_eq!(
-        other.adopt(&word, &ring(&["c", "d"]), &live(&["d"]), "c", 1, S),
+        other.adopt(
+            &word,
+            &ring(&["c", "d"]),
+            &live(&["d"]),
+            &heard("c", 1, 1),
+            S
+        ),
         0
     );
 
@@ -270,7 +280,13 @@ fn a_region_is_adopted_only_where_none_covers_its_losses() {
     // and remembered, hid the real loss a moment later).
     let early = Doubts::new(10 * S);
     assert_eq!(
-        early.adopt(&word, &before, &live(&["a", "b", "c"]), "d", 1, S),
+        early.adopt(
+            &word,
+            &before,
+            &live(&["a", "b", "c"]),
+            &heard("d", 1, 1),
+            S
+        ),
         0
     );
     change(&early, "d", &before, &live(&["c"]), 2 * S);
@@ -283,7 +299,13 @@ fn a_region_is_adopted_only_where_none_covers_its_losses() {
     }];
     // a's generation 5 is this process (born 5): one member gone.
     assert_eq!(
-        me_now.adopt(&mine, &ring(&["a", "c"]), &live(&["c"]), "a", 5, S),
+        me_now.adopt(
+            &mine,
+            &ring(&["a", "c"]),
+            &live(&["c"]),
+            &heard("a", 5, 5),
+            S
+        ),
         0
     );
     assert!(!me_now.any());
@@ -307,7 +329,7 @@ fn an_ended_region_is_neither_reopened_nor_adopted_again() {
     change(&d, "c", &ring3, &live(&[]), 12 * S);
     assert!(!d.in_doubt(&k, 12 * S, &mut ended), "not reopened");
     assert_eq!(
-        d.adopt(&word, &ring3, &live(&[]), "c", 1, 13 * S),
+        d.adopt(&word, &ring3, &live(&[]), &heard("c", 1, 1), 13 * S),
         0,
         "nor adopted"
     );
@@ -348,8 +370,8 @@ fn a_stale_word_puts_in_doubt_only_what_this_node_does_not_hear() {
     assert_eq!(word[0].gone.len(), 4);
 
     let a = Doubts::new(100 * S);
-    let heard = live(&["b", "e"]);
-    assert_eq!(a.adopt(&word, &before, &heard, "a", 1, 2 * S), 1);
+    let hears = live(&["b", "e"]);
+    assert_eq!(a.adopt(&word, &before, &hears, &heard("a", 1, 1), 2 * S), 1);
     let mut ended = Ended::default();
     assert!(!a.in_doubt(&mine, 3 * S, &mut ended), "a's own key");
     assert!(
@@ -357,11 +379,64 @@ fn a_stale_word_puts_in_doubt_only_what_this_node_does_not_hear() {
         "neither holder heard here"
     );
     // Once: the same word again adopts nothing.
-    assert_eq!(a.adopt(&word, &before, &heard, "a", 1, 4 * S), 0);
+    assert_eq!(a.adopt(&word, &before, &hears, &heard("a", 1, 1), 4 * S), 0);
     // Heard all but c: nothing to adopt.
     let fresh = Doubts::new(100 * S);
     assert_eq!(
-        fresh.adopt(&word, &before, &live(&["b", "d", "e"]), "a", 1, 2 * S),
+        fresh.adopt(
+            &word,
+            &before,
+            &live(&["b", "d", "e"]),
+            &heard("a", 1, 1),
+            2 * S
+        ),
         0
     );
+}
+
+/// b was paused, buried, and is back under a newer generation of the
+/// same process; meanwhile k (a's, with b's replica) went to c as its
+/// replica holder, and a and c were lost together. A peer's word still
+/// names b at its old generation: b is left out of the rebuilt ring (its
+/// keys moved off it), so k's holders of record are a and c — in doubt.
+/// Kept in the ring, b stood as k's replica holder and answered it
+/// exactly from its copy from before the pause (a cold review).
+#[test]
+fn a_node_named_at_an_older_generation_is_not_a_holder_of_record() {
+    let before = ring(&["a", "b", "c", "d", "e"]);
+    let without_b = ring(&["a", "c", "d", "e"]);
+    let k = key_where(&before, "a", "b", |k| {
+        &*without_b.successor(k).unwrap().node_id == "c"
+    });
+    let word = vec![PublishedDoubt {
+        gone: vec![
+            (Arc::from("a"), 1),
+            (Arc::from("b"), 1),
+            (Arc::from("c"), 1),
+        ],
+        remaining: std::time::Duration::from_secs(50),
+    }];
+    let now = ring(&["b", "d", "e"]);
+    let b = Doubts::new(100 * S);
+    let rejoined = heard("b", 1, 3);
+    assert_eq!(b.adopt(&word, &now, &live(&["d", "e"]), &rejoined, S), 1);
+    let mut ended = Ended::default();
+    assert!(b.in_doubt(&k, 2 * S, &mut ended), "a and c held it last");
+
+    // Named at its generation now (never buried), b was in that ring
+    // as it is: k's replica was its own.
+    let never_away = Doubts::new(100 * S);
+    let word_now = vec![PublishedDoubt {
+        gone: vec![
+            (Arc::from("a"), 1),
+            (Arc::from("b"), 3),
+            (Arc::from("c"), 1),
+        ],
+        remaining: std::time::Duration::from_secs(50),
+    }];
+    assert_eq!(
+        never_away.adopt(&word_now, &now, &live(&["d", "e"]), &rejoined, S),
+        1
+    );
+    assert!(!never_away.in_doubt(&k, 2 * S, &mut ended), "b held it");
 }
