@@ -302,9 +302,10 @@ impl Doubts {
     /// node: its id, the generation its process started as (`born`) and
     /// its generation now — an older generation than `born` is gone like
     /// any other member, a newer one is this process; `live`, the members
-    /// it hears (a process it hears as it was then is not gone here). At most the grace is
-    /// adopted; a region that ended here (not one resolved by its members
-    /// coming back) is not adopted again. Returns how many were adopted.
+    /// it hears (a process it hears as it was then is not gone here). At
+    /// most the grace is adopted; a region that ended here (not one
+    /// resolved by its members coming back) is not adopted again. Returns
+    /// how many were adopted.
     pub fn adopt(
         &self,
         published: &[PublishedDoubt],
@@ -562,7 +563,7 @@ impl super::Limiter {
     /// nothing while in a minority, the restarted replica holder owned the
     /// key before their word reached it, and answered it exactly from a
     /// stale copy). A node cut off names live members gone, but an
-    /// adopter counts only the members it does not hear (`Doubts::adopt`),
+    /// adopter keeps only the members it does not hear (`Doubts::adopt`),
     /// and a node that rejoins forgets its regions.
     pub fn published_doubts(&self) -> Vec<PublishedDoubt> {
         self.shared.doubts.published(self.now())

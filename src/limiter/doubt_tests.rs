@@ -48,6 +48,14 @@ fn live(ids: &[&str]) -> Vec<Heard> {
     ids.iter().map(|id| heard(id, 1, 1)).collect()
 }
 
+/// A peer's word: one region with `gone` (id, generation) and `secs` left.
+fn word_of(gone: &[(&str, u64)], secs: u64) -> Vec<PublishedDoubt> {
+    vec![PublishedDoubt {
+        gone: gone.iter().map(|(id, g)| (Arc::from(*id), *g)).collect(),
+        remaining: std::time::Duration::from_secs(secs),
+    }]
+}
+
 /// `me` moves from `previous` to a view with `live` peers.
 fn change(d: &Doubts, me: &str, previous: &Arc<Ring>, live: &[Heard], at: Nanos) -> Ended {
     d.changed(&Change { me, previous, live }, at)
@@ -293,10 +301,7 @@ fn a_region_is_adopted_only_where_none_covers_its_losses() {
     assert!(early.any());
 
     let me_now = Doubts::new(10 * S);
-    let mine = vec![PublishedDoubt {
-        gone: vec![(Arc::from("a"), 5), (Arc::from("b"), 1)],
-        remaining: std::time::Duration::from_secs(5),
-    }];
+    let mine = word_of(&[("a", 5), ("b", 1)], 5);
     // a's generation 5 is this process (born 5): one member gone.
     assert_eq!(
         me_now.adopt(
@@ -408,14 +413,7 @@ fn a_node_named_at_an_older_generation_is_not_a_holder_of_record() {
     let k = key_where(&before, "a", "b", |k| {
         &*without_b.successor(k).unwrap().node_id == "c"
     });
-    let word = vec![PublishedDoubt {
-        gone: vec![
-            (Arc::from("a"), 1),
-            (Arc::from("b"), 1),
-            (Arc::from("c"), 1),
-        ],
-        remaining: std::time::Duration::from_secs(50),
-    }];
+    let word = word_of(&[("a", 1), ("b", 1), ("c", 1)], 50);
     let now = ring(&["b", "d", "e"]);
     let b = Doubts::new(100 * S);
     let rejoined = heard("b", 1, 3);
@@ -426,14 +424,7 @@ fn a_node_named_at_an_older_generation_is_not_a_holder_of_record() {
     // Named at its generation now (never buried), b was in that ring
     // as it is: k's replica was its own.
     let never_away = Doubts::new(100 * S);
-    let word_now = vec![PublishedDoubt {
-        gone: vec![
-            (Arc::from("a"), 1),
-            (Arc::from("b"), 3),
-            (Arc::from("c"), 1),
-        ],
-        remaining: std::time::Duration::from_secs(50),
-    }];
+    let word_now = word_of(&[("a", 1), ("b", 3), ("c", 1)], 50);
     assert_eq!(
         never_away.adopt(&word_now, &now, &live(&["d", "e"]), &rejoined, S),
         1
