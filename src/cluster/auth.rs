@@ -34,6 +34,11 @@ type HmacSha256 = hmac::Hmac<Sha256>;
 pub const MAC_LEN: usize = 32;
 /// The largest UDP payload.
 const MAX_DATAGRAM: usize = 65_507;
+// chitchat (patched, `vendor/chitchat/PATCHES.md`) builds every message to
+// leave `TRANSPORT_RESERVE` bytes free: a sealed message fits a datagram by
+// construction.
+const _: () = assert!(MAC_LEN <= chitchat::TRANSPORT_RESERVE);
+const _: () = assert!(chitchat::MAX_MESSAGE_SIZE + MAC_LEN <= MAX_DATAGRAM);
 /// How far a peer token's timestamp may be from this node's clock, unless
 /// configured (`cluster.token_window`).
 pub use crate::config::TOKEN_WINDOW;
@@ -273,9 +278,9 @@ impl Socket for AuthSocket {
         let mut datagram = message.serialize_to_vec();
         self.secret.seal(&mut datagram);
         if datagram.len() > MAX_DATAGRAM {
-            // chitchat sizes deltas for a bare datagram; the MAC can tip a
-            // full one over. Drop it: the next round sends a fresh delta.
-            tracing::warn!(
+            // Not by construction (see `TRANSPORT_RESERVE` above): a bug in
+            // the budget. Dropped: the next round sends a fresh delta.
+            tracing::error!(
                 len = datagram.len(),
                 "gossip datagram too large with its MAC; dropped"
             );

@@ -46,6 +46,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::hearing::{Hearing, Returning};
 use super::presence::Presence;
+use super::prune;
 use super::view::{Burials, ClusterView, DEAD, Reading, STATE, SUSPECTS, encode_tombstones};
 use super::{Lifecycle, Slot, join_wait};
 use crate::cluster::auth::AuthTransport;
@@ -216,6 +217,12 @@ impl Gossip {
                         let state = cc.self_node_state();
                         state.set(DEAD, encode_tombstones(&burials.published));
                         state.set(SUSPECTS, encode_tombstones(&burials.suspects));
+                    }
+                    // After the burials read them: dead generations stay
+                    // bounded (`prune.rs`).
+                    let forgot = prune::prune(&mut cc);
+                    if forgot > 0 {
+                        tracing::debug!(forgot, "dead generations forgotten");
                     }
                     Reading::from_chitchat(&cc, &burials.published)
                 };

@@ -10,11 +10,14 @@
 //! [`presence`]); the gossip thread ([`gossip`]) rejoins as a new member
 //! after being away.
 
+#[cfg(test)]
+mod budget_tests;
 pub mod doubts;
 mod gossip;
 mod hearing;
 mod join;
 pub mod presence;
+mod prune;
 pub mod view;
 
 use std::collections::BTreeMap;
