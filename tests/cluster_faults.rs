@@ -351,6 +351,16 @@ async fn a_node_cut_off_within_dead_grace_over_admits_at_most_one_nth() {
         },
     )
     .await;
+    // The split shows on /readyz too: node-2 stays ready (it decides on
+    // leases) and names its minority; the majority says nothing of one.
+    let (code, body) = nodes[2].http_get("/readyz").await;
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.contains("minority: no majority of the 3 members"),
+        "{body}"
+    );
+    let (code, body) = nodes[0].http_get("/readyz").await;
+    assert_eq!((code, body.as_str()), (200, "ready\n"));
     while tally.min_offered() < 3 * LIMIT {
         offer(&via, &keys, 10, &request(), &mut tally).await;
     }

@@ -97,6 +97,14 @@ fn breaker_name(s: BreakerState) -> &'static str {
 }
 
 impl Limiter {
+    /// In a minority: `N`, the cluster size this node remembers and sees
+    /// no majority of (every key on leases); `None` otherwise. Cheap: what
+    /// `/readyz` says beside ready.
+    pub fn minority_of(&self) -> Option<u64> {
+        let t = self.shared.topology.load();
+        t.minority.then_some(t.size)
+    }
+
     /// Sample the decision and forward totals (once a second; see
     /// `rates.rs`).
     pub fn sample_rates(&self) {

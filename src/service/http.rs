@@ -78,11 +78,24 @@ async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
     )
 }
 
+/// Ready or not, by status code; the body also names a minority — a
+/// node cut off from most of its cluster (a split) stays ready, deciding
+/// on leases, and says so here as on the status page and in
+/// `sluice_minority` (alert `SluiceMinority`).
 async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
-    if s.readiness.is_ready() {
-        (StatusCode::OK, "ready\n")
+    let (code, state) = if s.readiness.is_ready() {
+        (StatusCode::OK, "ready")
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+    };
+    match s.limiter.minority_of() {
+        Some(n) => (
+            code,
+            format!(
+                "{state}\nminority: no majority of the {n} members seen; every key on leases\n"
+            ),
+        ),
+        None => (code, format!("{state}\n")),
     }
 }
 
