@@ -129,6 +129,10 @@ fn errors_name_the_key() {
             "cluster.client_allotments.max_clients: at most",
         ),
         (
+            &*format!("node_id = \"{}\"\n", "n".repeat(254)),
+            "node_id: at most 253 bytes (got 254)",
+        ),
+        (
             "[cluster]\ndead_grace = \"30days\"\n",
             "cluster.dead_grace: at most 7days",
         ),

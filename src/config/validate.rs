@@ -6,6 +6,9 @@ use std::time::Duration;
 
 use super::*;
 
+/// The longest node id (bytes): a Kubernetes node name, at most 253.
+pub const MAX_NODE_ID: usize = 253;
+
 impl Config {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         let l = &self.limits;
@@ -75,6 +78,14 @@ impl Config {
         }
         if self.node_id.is_empty() {
             return Err(ConfigError("node_id: must not be empty".into()));
+        }
+        // Gossip carries the id in every digest entry (a Kubernetes node
+        // name is at most 253): one long id must not eat a datagram.
+        if self.node_id.len() > MAX_NODE_ID {
+            return Err(ConfigError(format!(
+                "node_id: at most {MAX_NODE_ID} bytes (got {})",
+                self.node_id.len()
+            )));
         }
         let c = &self.cluster;
         if c.secret.is_some() && c.secret_file.is_some() {

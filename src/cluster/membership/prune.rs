@@ -12,11 +12,14 @@
 //!   reads one member per id (its newest generation) and the size rule
 //!   (`view::cluster_size`) reads the newest and whether an older one was
 //!   ready, which the one kept before it still tells;
-//! - of all dead generations, at most [`MAX_DEAD`] are kept; beyond it,
-//!   the oldest (by generation, a wall-clock birth) go first. This bounds
-//!   memory; a fleet that loses more than this many nodes without a leave
-//!   within `dead_grace` counts fewer of them in `N` (the wire is bounded
-//!   anyway: digests fit half a message, see `vendor/chitchat/PATCHES.md`).
+//! - never the newest generation of an id (a member just heard looks dead
+//!   to chitchat until its second heartbeat; a crashed member is counted
+//!   in `N` by it), nor the newest *ready* one (the view falls back to it
+//!   while newer ones are suspected and not yet ready);
+//! - of the other dead generations, at most [`MAX_DEAD`] are kept; beyond
+//!   it, the oldest (by generation, a wall-clock birth) go first. Memory
+//!   is then bounded by two generations per node id; the wire is bounded
+//!   anyway (digests fit half a message, `vendor/chitchat/PATCHES.md`).
 //!
 //! A forgotten generation is remembered by chitchat as garbage-collected:
 //! a peer that still gossips it does not bring it back. Burials are
@@ -27,41 +30,55 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chitchat::ChitchatId;
 
+use super::Lifecycle;
+use super::view::STATE;
+
 /// Generations of one node id kept in gossip: the newest and the one
 /// before it (a rejoining node's previous self).
 pub const GENERATIONS_PER_ID: usize = 2;
 
-/// Dead generations kept in gossip in all.
+/// Dead generations kept in gossip in all, beyond the newest of each id
+/// (and the newest ready one): a bound on memory. The newest generation
+/// of every id is kept, so `N` counts every member that died without
+/// leaving, however many.
 pub const MAX_DEAD: usize = 1_024;
 
-/// The dead generations to forget, given every generation known and which
-/// of them are dead (pure: see the module's rule).
+/// The dead generations to forget, given every generation known, which
+/// of them are dead, and which the view may read (`keep`: the newest
+/// ready generation of each id — the view falls back to it while newer
+/// ones are suspected and not ready). Pure: see the module's rule. The
+/// newest generation of an id is never forgotten (chitchat also holds a
+/// member dead until its second heartbeat: a new one looks dead).
 pub(super) fn to_forget<'a>(
     known: impl Iterator<Item = &'a ChitchatId>,
     dead: &BTreeSet<&'a ChitchatId>,
+    keep: &BTreeSet<&'a ChitchatId>,
 ) -> Vec<ChitchatId> {
     let mut by_id: BTreeMap<&str, Vec<&ChitchatId>> = BTreeMap::new();
     for id in known {
         by_id.entry(&id.node_id).or_default().push(id);
     }
     let mut forget: BTreeSet<&ChitchatId> = BTreeSet::new();
+    // Dead generations the bound may take: neither the newest of their id
+    // nor kept.
+    let mut older: Vec<&ChitchatId> = Vec::new();
     for gens in by_id.values_mut() {
         gens.sort_by_key(|id| std::cmp::Reverse(id.generation_id));
-        forget.extend(
-            gens.iter()
-                .skip(GENERATIONS_PER_ID)
-                .filter(|id| dead.contains(*id)),
-        );
+        for (i, id) in gens.iter().enumerate().skip(1) {
+            if !dead.contains(*id) || keep.contains(*id) {
+                continue;
+            }
+            if i >= GENERATIONS_PER_ID {
+                forget.insert(id);
+            } else {
+                older.push(id);
+            }
+        }
     }
-    let mut kept_dead: Vec<&ChitchatId> = dead
-        .iter()
-        .filter(|id| !forget.contains(*id))
-        .copied()
-        .collect();
-    if kept_dead.len() > MAX_DEAD {
-        kept_dead.sort_by_key(|id| id.generation_id);
-        let over = kept_dead.len() - MAX_DEAD;
-        forget.extend(kept_dead.into_iter().take(over));
+    if older.len() > MAX_DEAD {
+        older.sort_by_key(|id| id.generation_id);
+        let over = older.len() - MAX_DEAD;
+        forget.extend(older.into_iter().take(over));
     }
     forget.into_iter().cloned().collect()
 }
@@ -72,7 +89,18 @@ pub(super) fn prune(cc: &mut chitchat::Chitchat) -> usize {
     if dead.is_empty() {
         return 0;
     }
-    let forget = to_forget(cc.node_states().keys(), &dead);
+    let mut newest_ready: BTreeMap<&str, &ChitchatId> = BTreeMap::new();
+    for (id, state) in cc.node_states() {
+        if state.get(STATE) == Some(Lifecycle::Ready.name())
+            && newest_ready
+                .get(&*id.node_id)
+                .is_none_or(|n| n.generation_id < id.generation_id)
+        {
+            newest_ready.insert(&id.node_id, id);
+        }
+    }
+    let keep: BTreeSet<&ChitchatId> = newest_ready.into_values().collect();
+    let forget = to_forget(cc.node_states().keys(), &dead, &keep);
     forget.iter().filter(|id| cc.forget_dead_node(id)).count()
 }
 
@@ -91,7 +119,7 @@ mod tests {
         let known: Vec<&ChitchatId> = gens.iter().chain([&other]).collect();
         // Generations 1..=9 dead, 10 alive; b dead too.
         let dead: BTreeSet<&ChitchatId> = gens[..9].iter().chain([&other]).collect();
-        let forget = to_forget(known.into_iter(), &dead);
+        let forget = to_forget(known.into_iter(), &dead, &BTreeSet::new());
         assert_eq!(forget, (1..=8).map(|g| id("a", g)).collect::<Vec<_>>());
     }
 
@@ -100,20 +128,25 @@ mod tests {
         // An odd order: an older generation alive, newer ones dead.
         let gens: Vec<ChitchatId> = (1..=4).map(|g| id("a", g)).collect();
         let dead: BTreeSet<&ChitchatId> = gens[1..].iter().collect();
-        let forget = to_forget(gens.iter(), &dead);
+        let forget = to_forget(gens.iter(), &dead, &BTreeSet::new());
         // 4 and 3 are the newest two; of the older, only the dead one goes.
         assert_eq!(forget, vec![id("a", 2)]);
+        // Kept (its newest ready generation): stays.
+        let keep: BTreeSet<&ChitchatId> = [&gens[1]].into_iter().collect();
+        assert_eq!(to_forget(gens.iter(), &dead, &keep), vec![]);
     }
 
     #[test]
     fn dead_generations_beyond_the_bound_go_oldest_first() {
-        let gens: Vec<ChitchatId> = (0..MAX_DEAD as u64 + 5)
-            .map(|i| id(&format!("n{i}"), 100 + i))
-            .collect();
-        let dead: BTreeSet<&ChitchatId> = gens.iter().collect();
-        let forget = to_forget(gens.iter(), &dead);
-        assert_eq!(forget.len(), 5);
-        let oldest: BTreeSet<ChitchatId> = gens[..5].iter().cloned().collect();
+        // Each id: a dead older generation and its newest (dead too: a
+        // crashed member, or one just heard). Only older ones may go.
+        let ids = MAX_DEAD as u64 + 5;
+        let older: Vec<ChitchatId> = (0..ids).map(|i| id(&format!("n{i}"), 100 + i)).collect();
+        let newest: Vec<ChitchatId> = (0..ids).map(|i| id(&format!("n{i}"), 10_000 + i)).collect();
+        let all: Vec<&ChitchatId> = older.iter().chain(&newest).collect();
+        let dead: BTreeSet<&ChitchatId> = all.iter().copied().collect();
+        let forget = to_forget(all.into_iter(), &dead, &BTreeSet::new());
+        let oldest: BTreeSet<ChitchatId> = older[..5].iter().cloned().collect();
         assert_eq!(forget.into_iter().collect::<BTreeSet<_>>(), oldest);
     }
 }
