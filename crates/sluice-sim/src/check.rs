@@ -157,7 +157,7 @@ impl Faults {
                     }
                     holds.push((at, at + span, Hold::Node(n)));
                 }
-                Event::Started | Event::Leaving => {}
+                Event::Started | Event::Leaving | Event::Rejoined => {}
             }
         }
         for f in &s.faults {

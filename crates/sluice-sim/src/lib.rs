@@ -21,6 +21,7 @@
 
 pub mod check;
 pub mod history;
+pub mod membership_check;
 pub mod schedule;
 pub mod shrink;
 pub mod sim;
@@ -72,6 +73,11 @@ pub fn run_with_history(schedule: &schedule::Schedule) -> (Report, history::Hist
                 Some(k) => format!("key k{k}: {}", v.what),
                 None => v.what,
             }),
+    );
+    violations.extend(
+        membership_check::check(schedule, &out.events, &out.rings)
+            .into_iter()
+            .map(|v| v.what),
     );
     let report = Report {
         seed: schedule.seed,

@@ -81,6 +81,9 @@ enum Cmd {
         /// Which faults the seed draws.
         #[arg(long, value_enum, default_value_t = Mix::Any)]
         mix: Mix,
+        /// Nodes, instead of the 3–7 the seed draws.
+        #[arg(long)]
+        nodes: Option<usize>,
         /// Replay this schedule (JSON) instead of drawing one.
         #[arg(long)]
         schedule: Option<PathBuf>,
@@ -106,6 +109,9 @@ enum Cmd {
         /// Which faults the seeds draw.
         #[arg(long, value_enum, default_value_t = Mix::Any)]
         mix: Mix,
+        /// Nodes, instead of the 3–7 each seed draws.
+        #[arg(long)]
+        nodes: Option<usize>,
     },
     /// Shrink a failing run to fewer faults that still fail; writes the
     /// schedule.
@@ -133,14 +139,14 @@ enum Cmd {
     },
 }
 
-fn load(seed: u64, secs: u64, mix: Mix, file: &Option<PathBuf>) -> Schedule {
+fn load(seed: u64, secs: u64, mix: Mix, nodes: Option<usize>, file: &Option<PathBuf>) -> Schedule {
     match file {
         Some(path) => {
             let text =
                 std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             Schedule::from_json(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
         }
-        None => Schedule::draw(seed, secs, mix),
+        None => Schedule::draw_sized(seed, secs, mix, nodes),
     }
 }
 
@@ -219,11 +225,12 @@ fn main() {
             seed,
             secs,
             mix,
+            nodes,
             schedule,
             quiet,
             key,
         } => {
-            let schedule = load(seed, secs, mix, &schedule);
+            let schedule = load(seed, secs, mix, nodes, &schedule);
             // The run gets a thread of its own, started after the stream is
             // seeded: std draws a thread's hash keys on its first hash map,
             // and whatever this thread drew before (a log subscriber's maps,
@@ -261,6 +268,7 @@ fn main() {
             secs,
             jobs,
             mix,
+            nodes,
         } => {
             let started = std::time::Instant::now();
             let next = std::sync::atomic::AtomicU64::new(from);
@@ -273,7 +281,7 @@ fn main() {
                             if seed >= from + count {
                                 return;
                             }
-                            let r = child(&Schedule::draw(seed, secs, mix));
+                            let r = child(&Schedule::draw_sized(seed, secs, mix, nodes));
                             let line = format!(
                                 "seed {seed}: {} ({} nodes, {} faults, {} calls, {:.1} s)",
                                 if r.passed() { "ok" } else { "FAILED" },
@@ -318,7 +326,7 @@ fn main() {
             out,
             budget,
         } => {
-            let schedule = load(seed, secs, Mix::Any, &schedule);
+            let schedule = load(seed, secs, Mix::Any, None, &schedule);
             let first = child(&schedule);
             if first.passed() {
                 eprintln!("seed {}: the run passes; nothing to shrink", schedule.seed);

@@ -128,6 +128,10 @@ pub enum Mix {
     /// cut off from gossip one or both ways splits the brain until issue
     /// 39's in-doubt rule lands — kept as regressions instead).
     Single,
+    /// CPU stalls only (issue 49): every node paused for 0–2 s, again and
+    /// again, 1–6 s apart. The cluster must stay one, and bury no node
+    /// for a stall short of failure detection (`membership_check.rs`).
+    Stalls,
 }
 
 /// A whole run: the cluster, the faults and the phases.
@@ -165,8 +169,14 @@ impl Schedule {
 
     /// [`Schedule::generate`], of faults from `mix`.
     pub fn draw(seed: u64, secs: u64, mix: Mix) -> Schedule {
+        Schedule::draw_sized(seed, secs, mix, None)
+    }
+
+    /// [`Schedule::draw`] over `nodes` nodes, if given (else 3–7, drawn).
+    pub fn draw_sized(seed: u64, secs: u64, mix: Mix, nodes: Option<usize>) -> Schedule {
         let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed_fa17);
-        let nodes = rng.usize(3..=7);
+        let drawn = rng.usize(3..=7);
+        let nodes = nodes.unwrap_or(drawn).max(1);
         let end = secs.max(60) * 1_000 - 10_000;
         let heal = end - 12_000;
         let mut faults = Vec::new();
@@ -183,22 +193,33 @@ impl Schedule {
         };
         let n = rng.usize(2..=8);
         let latest = heal - 500;
+        if mix == Mix::Stalls {
+            for node in 0..nodes {
+                let mut at = FIRST_FAULT + rng.u64(0..3_000);
+                while at < latest {
+                    let span = rng.u64(0..=2_000).min(latest - at);
+                    faults.push(Fault::Pause { node, at, span });
+                    at += span + rng.u64(1_000..6_000);
+                }
+            }
+        }
         // Single: the next fault starts 3 s after the last one ended.
         let mut free_from = FIRST_FAULT;
-        while faults.len() < n {
+        while mix != Mix::Stalls && faults.len() < n {
             if mix == Mix::Single && free_from + 1_000 >= latest {
                 break;
             }
             let at = match mix {
                 Mix::Any => rng.u64(FIRST_FAULT..latest),
                 Mix::Single => rng.u64(free_from..(free_from + 4_000).min(latest - 500)),
+                Mix::Stalls => unreachable!("drawn above"),
             };
             let room = latest - at;
             let span = SPANS[rng.usize(..SPANS.len())].min(room.max(100));
             let node = rng.usize(..nodes);
             let other = (node + rng.usize(1..nodes)) % nodes;
             let proto = match (mix, rng.u8(0..3)) {
-                (Mix::Single, _) | (Mix::Any, 0) => Proto::Tcp,
+                (Mix::Single | Mix::Stalls, _) | (Mix::Any, 0) => Proto::Tcp,
                 (Mix::Any, 1) => Proto::Udp,
                 (Mix::Any, _) => Proto::Both,
             };
@@ -206,6 +227,7 @@ impl Schedule {
                 Mix::Any => rng.u8(0..12),
                 // No node cut off from every other, no correlated pair.
                 Mix::Single => [0, 2, 3, 4, 8, 9, 10, 11][rng.usize(..8)],
+                Mix::Stalls => unreachable!("drawn above"),
             };
             let before = faults.len();
             match kind {

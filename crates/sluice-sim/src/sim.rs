@@ -89,6 +89,8 @@ pub enum Event {
     },
     /// Told to leave (SIGTERM).
     Leaving,
+    /// The process rejoined as a new generation (the cluster buried it).
+    Rejoined,
 }
 
 struct Host {
@@ -106,6 +108,8 @@ struct Host {
     start_after_leave: bool,
     /// The node's gRPC port, shared with the apps.
     port: Arc<Mutex<u16>>,
+    /// This process's generation when last read (0: not read yet).
+    generation: u64,
 }
 
 /// The links' faults, as the packet rule reads them.
@@ -202,6 +206,8 @@ pub struct Outcome {
     pub history: History,
     /// What happened to each node's process: (ns, node, event).
     pub events: Vec<(u64, usize, Event)>,
+    /// At the end: each running node and the members of its ring.
+    pub rings: Vec<(usize, Vec<String>)>,
     /// Restarts that found the node's gRPC port still held (see
     /// `free_grpc_port`).
     pub moved_ports: usize,
@@ -246,6 +252,7 @@ pub fn run(schedule: &Schedule) -> Outcome {
                 incarnation: 0,
                 start_after_leave: false,
                 port: Arc::new(Mutex::new(GRPC_PORT)),
+                generation: 0,
             }
         })
         .collect();
@@ -306,6 +313,18 @@ pub fn run(schedule: &Schedule) -> Outcome {
                 rt.block_on(async { tokio::time::sleep(TICK).await });
             }
         }
+        // Rejoins: a running process's generation moved on.
+        for (n, h) in hosts.iter_mut().enumerate() {
+            let g = lock(&h.node)
+                .as_ref()
+                .map(|node| node.limiter.presence().generation());
+            if let Some(g) = g {
+                if h.generation != 0 && g != h.generation {
+                    log.events.push((now, n, Event::Rejoined));
+                }
+                h.generation = g;
+            }
+        }
         turmoil_net::set_current(app_id);
         LOG_HOST.store(u64::MAX, std::sync::atomic::Ordering::Relaxed);
         app_rt.block_on(async { tokio::time::sleep(TICK).await });
@@ -337,6 +356,22 @@ pub fn run(schedule: &Schedule) -> Outcome {
             }
         }
     }
+    // Where the run ends: each running node's ring.
+    let rings = hosts
+        .iter()
+        .enumerate()
+        .filter_map(|(n, h)| {
+            let node = lock(&h.node);
+            let ring = node.as_ref()?.limiter.ring();
+            Some((
+                n,
+                ring.members()
+                    .iter()
+                    .map(|m| m.node_id.to_string())
+                    .collect(),
+            ))
+        })
+        .collect();
     // Tear down inside each host's scope (sockets close in their kernels).
     for h in hosts.iter_mut() {
         stop(h);
@@ -353,6 +388,7 @@ pub fn run(schedule: &Schedule) -> Outcome {
     Outcome {
         history,
         events,
+        rings,
         moved_ports,
         errors,
         wall: started.elapsed().as_secs_f64(),
@@ -533,6 +569,7 @@ fn start(
     log.moved_ports += usize::from(port != GRPC_PORT);
     lock(&h.port).clone_from(&port);
     h.incarnation += 1;
+    h.generation = 0;
     h.left.store(false, std::sync::atomic::Ordering::SeqCst);
     let world = {
         let _g = rt.enter();
