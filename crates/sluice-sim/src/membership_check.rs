@@ -33,7 +33,8 @@ pub fn check(
     rings: &[(usize, Vec<String>)],
 ) -> Vec<Violation> {
     let mut out = Vec::new();
-    let everyone: Vec<String> = (0..s.nodes).map(|n| format!("n{n}")).collect();
+    let mut everyone: Vec<String> = (0..s.nodes).map(|n| format!("n{n}")).collect();
+    everyone.sort();
     for (n, members) in rings {
         let mut members = members.clone();
         members.sort();
