@@ -172,11 +172,12 @@ impl Schedule {
         Schedule::draw_sized(seed, secs, mix, None)
     }
 
-    /// [`Schedule::draw`] over `nodes` nodes, if given (else 3–7, drawn).
+    /// [`Schedule::draw`] over `nodes` nodes, if given (at least 2: faults
+    /// pair nodes), else 3–7, drawn.
     pub fn draw_sized(seed: u64, secs: u64, mix: Mix, nodes: Option<usize>) -> Schedule {
         let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed_fa17);
         let drawn = rng.usize(3..=7);
-        let nodes = nodes.unwrap_or(drawn).max(1);
+        let nodes = nodes.unwrap_or(drawn).max(2);
         let end = secs.max(60) * 1_000 - 10_000;
         let heal = end - 12_000;
         let mut faults = Vec::new();

@@ -201,13 +201,22 @@ enum Action {
     Heal,
 }
 
+/// One running node at the end of a run.
+pub struct Standing {
+    pub node: usize,
+    /// Its ring's members: (node id, generation).
+    pub ring: Vec<(String, u64)>,
+    /// The members it suspects (kept in the ring until buried).
+    pub suspects: Vec<String>,
+}
+
 /// What a run produced.
 pub struct Outcome {
     pub history: History,
     /// What happened to each node's process: (ns, node, event).
     pub events: Vec<(u64, usize, Event)>,
-    /// At the end: each running node and the members of its ring.
-    pub rings: Vec<(usize, Vec<String>)>,
+    /// At the end: each running node's ring and suspects.
+    pub rings: Vec<Standing>,
     /// Restarts that found the node's gRPC port still held (see
     /// `free_grpc_port`).
     pub moved_ports: usize,
@@ -356,20 +365,31 @@ pub fn run(schedule: &Schedule) -> Outcome {
             }
         }
     }
-    // Where the run ends: each running node's ring.
+    // Where the run ends: each running node's ring, and whom it suspects.
     let rings = hosts
         .iter()
         .enumerate()
         .filter_map(|(n, h)| {
             let node = lock(&h.node);
-            let ring = node.as_ref()?.limiter.ring();
-            Some((
-                n,
-                ring.members()
+            let node = node.as_ref()?;
+            let ring = node.limiter.ring();
+            let suspects = node
+                .membership
+                .view()
+                .members
+                .iter()
+                .filter(|m| m.suspected)
+                .map(|m| m.node_id.to_string())
+                .collect();
+            Some(Standing {
+                node: n,
+                ring: ring
+                    .members()
                     .iter()
-                    .map(|m| m.node_id.to_string())
+                    .map(|m| (m.node_id.to_string(), m.generation))
                     .collect(),
-            ))
+                suspects,
+            })
         })
         .collect();
     // Tear down inside each host's scope (sockets close in their kernels).
