@@ -397,6 +397,10 @@ pub struct PolicyConfig {
     /// exact (default: every decision by the key's owner) or tiered (hot
     /// keys: each node spends an allotment the owner grants by demand).
     pub mode: Option<String>,
+    /// async (default: the owner answers at once, its replica follows) or
+    /// sync (the owner answers once its replica holder has the decision; a
+    /// crash loses nothing; a peer round trip per decision).
+    pub replication: Option<String>,
 }
 
 impl Default for Config {

@@ -14,7 +14,7 @@ use crate::policy::rules::Rules;
 use crate::proto::v1 as pb;
 
 /// The fields of a `sluice.v1` request an item error may name.
-const REQUEST_FIELDS: [&str; 11] = [
+const REQUEST_FIELDS: [&str; 12] = [
     "name",
     "unique_key",
     "hits",
@@ -26,6 +26,7 @@ const REQUEST_FIELDS: [&str; 11] = [
     "policy",
     "on_owner_unreachable",
     "mode",
+    "replication",
 ];
 
 /// Times a validated check is decided at: the epoch, a realistic now

@@ -177,6 +177,7 @@ async fn a_tiny_caller_deadline_is_no_reason_to_decide_on_a_lease() {
         unbatched: false,
         on_owner_unreachable: None,
         mode: None,
+        replication: None,
     };
     let mut admitted = 0;
     for _ in 0..2 * LIMIT {

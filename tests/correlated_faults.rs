@@ -4,6 +4,8 @@
 //! answered such keys *exactly* from an old copy it happened to hold — a
 //! key answered `remaining 4`, then `remaining 42` — and `deny` keys were
 //! admitted past their limit by exact answers. Every assertion is per key.
+//! `sync` keys (`deny`, synchronous replication) lose nothing at all: no
+//! rollback, never past their limit.
 //!
 //! Intervals as in `common::procs` (gossip 100 ms, replication 20 ms, dead
 //! grace 2 s): failure detection about 1 s, a burial 2 s after it.
@@ -150,14 +152,26 @@ fn keys_held_by(prefix: &str, owner: usize, holder: Option<usize>, per: usize) -
         .collect()
 }
 
+/// `deny` keys and `sync` keys (`deny` with synchronous replication) are
+/// refused when their owner cannot answer; `share` keys decide on a lease.
+fn is_deny(k: &str) -> bool {
+    k.starts_with("deny") || k.starts_with("sync")
+}
+
 fn request(k: &str) -> pb::RateLimitRequest {
-    let mode = if k.starts_with("deny") {
+    let mode = if is_deny(k) {
         pb::OwnerUnreachable::Deny
     } else {
         pb::OwnerUnreachable::LocalShare
     };
+    let replication = if k.starts_with("sync") {
+        pb::Replication::Sync
+    } else {
+        pb::Replication::Async
+    };
     pb::RateLimitRequest {
         on_owner_unreachable: mode as i32,
+        replication: replication as i32,
         ..inline(NAME, k, LIMIT, YEAR_MS)
     }
 }
@@ -256,8 +270,12 @@ async fn an_owner_killed_while_its_replica_holder_is_paused_rolls_nothing_back()
 
     let mut both = keys_held_by("deny", OWNER, Some(HOLDER), 3);
     both.extend(keys_held_by("share", OWNER, Some(HOLDER), 3));
+    both.extend(keys_held_by("sync", OWNER, Some(HOLDER), 2));
     let mut untouched = keys_held_by("deny-c", 0, None, 2);
     untouched.extend(keys_held_by("share-c", 1, None, 2));
+    // Synchronous keys whose owner and replica holder no fault touches:
+    // their owner waits for a live holder, exact throughout.
+    untouched.extend(keys_held_by("sync-c", 0, Some(1), 2));
     let keys: Vec<String> = both.iter().chain(&untouched).cloned().collect();
 
     let mut via = Vec::new();
@@ -358,11 +376,19 @@ async fn an_owner_killed_while_its_replica_holder_is_paused_rolls_nothing_back()
         assert_eq!(taken, 0.0, "{}: keys taken from a best copy", p.id);
     }
 
-    // What the owner admitted that its stopped holder never got.
+    // What the owner admitted that its stopped holder never got: nothing
+    // of a synchronous key (each exact answer waited for the holder).
     let since = paused - lag - round;
     let lost: BTreeMap<&str, i64> = both
         .iter()
-        .map(|k| (k.as_str(), record.lost_with_the_owner(k, since, killed_at)))
+        .map(|k| {
+            let lost = if k.starts_with("sync") {
+                0
+            } else {
+                record.lost_with_the_owner(k, since, killed_at)
+            };
+            (k.as_str(), lost)
+        })
         .collect();
     let rollbacks: BTreeMap<&str, i64> = keys
         .iter()
@@ -380,7 +406,7 @@ async fn an_owner_killed_while_its_replica_holder_is_paused_rolls_nothing_back()
         let bound = lost.get(k.as_str()).copied().unwrap_or(0);
         let admitted = record.tally.admitted[k];
         let rollback = record.rollback(k);
-        let deny = k.starts_with("deny");
+        let deny = is_deny(k);
         let unavailable = record.answers[k].iter().filter(|a| a.unavailable).count();
         // `deny` keys are refused while in doubt (so the fault did hit
         // them); `local_share` keys are never refused for it.

@@ -115,6 +115,7 @@ impl Limiter {
                 unbatched: false,
                 on_owner_unreachable: None,
                 mode: None,
+                replication: None,
             }));
         }
         let mut verdicts = self.check_batch_within(checks, budget).await.into_iter();

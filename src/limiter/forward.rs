@@ -49,6 +49,7 @@ impl Limiter {
             deadline_ns: self.now().saturating_add(budget),
             tiered: ask,
             budget_ns: budget,
+            sync_replica: r.sync,
         };
         // What this edge spent on a fallback lease for the key goes to the
         // owner before the key does (`report_first`; a tiered allotment's
@@ -170,7 +171,7 @@ impl Limiter {
             self.route(k, &t, self.may_own())
         });
         let decided = match route {
-            super::route::Route::Here => self.decide_here(r, &t).ok(),
+            super::route::Route::Here => self.decide_here_confirmed(r, &t, deadline).await,
             super::route::Route::Lacking => {
                 let k = key::encode(&r.check.name, &r.check.unique_key);
                 let taken = self
@@ -182,7 +183,7 @@ impl Limiter {
                     .await;
                 let took = !taken.stale && (taken.reached_all || taken.owned.contains(&k));
                 if took {
-                    self.decide_here(r, &t).ok()
+                    self.decide_here_confirmed(r, &t, deadline).await
                 } else {
                     None
                 }

@@ -19,6 +19,7 @@
 
 mod admin;
 mod clients;
+mod confirm;
 mod doubt;
 mod envoy;
 mod fallback;
@@ -52,7 +53,9 @@ pub use crate::store::key::encode as encode_key;
 pub use crate::store::{TopBy, View};
 pub use clients::{Allotted, AppAsk, ClientAck};
 pub use tiered::Ask;
-pub use types::{Absorb, Check, ItemError, LimitRef, Mode, Path, Reason, Status, Verdict};
+pub use types::{
+    Absorb, Check, ItemError, LimitRef, Mode, Path, Reason, Replication, Status, Verdict,
+};
 
 use crate::algorithm::{self, Decision, Nanos, Spec};
 use crate::clock::SharedClock;
@@ -194,6 +197,10 @@ struct Resolved<'a> {
     label: Option<Arc<str>>,
     /// Tiered mode (hot keys): allotments at the edges.
     tiered: bool,
+    /// Synchronous replication: an owner's exact answer waits for the
+    /// replica holder's acknowledgement (`confirm.rs`). Never with `tiered`
+    /// or `shadow`.
+    sync: bool,
 }
 
 impl Resolved<'_> {
@@ -478,53 +485,70 @@ impl Limiter {
         check: &'a Check,
         policies: &Policies,
     ) -> Result<Resolved<'a>, ItemError> {
-        let (spec, shadow, policy_fallback, label, policy_mode) = match &check.limit {
-            LimitRef::Inline(spec) => (
-                *spec,
-                false,
-                OnOwnerUnreachable::default(),
-                None,
-                Mode::default(),
-            ),
-            LimitRef::Rule(rule) => match rule.spec {
-                Some(spec) => (
-                    spec,
-                    rule.shadow,
-                    rule.on_owner_unreachable,
-                    Some(rule.label.clone()),
-                    Mode::default(),
-                ),
-                None => {
-                    return Err(ItemError::new(
-                        "descriptors",
-                        "an unlimited rule has nothing to decide",
-                    ));
-                }
-            },
-            LimitRef::Policy(name) => match policies.get(name) {
-                Some(Policy {
-                    spec,
-                    shadow,
-                    name,
-                    on_owner_unreachable,
-                    mode,
-                }) => (
+        let (spec, shadow, policy_fallback, label, policy_mode, policy_replication) =
+            match &check.limit {
+                LimitRef::Inline(spec) => (
                     *spec,
-                    *shadow,
-                    *on_owner_unreachable,
-                    Some(name.clone()),
-                    *mode,
+                    false,
+                    OnOwnerUnreachable::default(),
+                    None,
+                    Mode::default(),
+                    Replication::default(),
                 ),
-                None => return Err(ItemError::new("policy", format!("unknown policy {name:?}"))),
-            },
-        };
+                LimitRef::Rule(rule) => match rule.spec {
+                    Some(spec) => (
+                        spec,
+                        rule.shadow,
+                        rule.on_owner_unreachable,
+                        Some(rule.label.clone()),
+                        Mode::default(),
+                        Replication::default(),
+                    ),
+                    None => {
+                        return Err(ItemError::new(
+                            "descriptors",
+                            "an unlimited rule has nothing to decide",
+                        ));
+                    }
+                },
+                LimitRef::Policy(name) => match policies.get(name) {
+                    Some(Policy {
+                        spec,
+                        shadow,
+                        name,
+                        on_owner_unreachable,
+                        mode,
+                        replication,
+                    }) => (
+                        *spec,
+                        *shadow,
+                        *on_owner_unreachable,
+                        Some(name.clone()),
+                        *mode,
+                        *replication,
+                    ),
+                    None => {
+                        return Err(ItemError::new("policy", format!("unknown policy {name:?}")));
+                    }
+                },
+            };
+        let tiered = check.mode.unwrap_or(policy_mode) == Mode::Tiered;
+        let sync = check.replication.unwrap_or(policy_replication) == Replication::Sync;
+        if sync && tiered {
+            return Err(ItemError::new(
+                "replication",
+                "sync needs mode exact (a tiered key is spent from allotments, not at its owner)",
+            ));
+        }
         Ok(Resolved {
             check,
             spec,
             shadow,
             fallback: check.on_owner_unreachable.unwrap_or(policy_fallback),
             label,
-            tiered: check.mode.unwrap_or(policy_mode) == Mode::Tiered,
+            tiered,
+            // A shadow key always admits: nothing to protect.
+            sync: sync && !shadow,
         })
     }
 

@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::confirm::Here;
 use super::route::{ROUNDS, Route};
 use super::{Ask, Check, Forwarded, Limiter, Mode, Resolved, Topology, Verdict};
 use crate::algorithm::{Cost, Decision, Nanos, Spec};
@@ -83,7 +84,7 @@ impl Limiter {
         t: &Arc<Topology>,
         last: bool,
         deadline: tokio::time::Instant,
-    ) -> Vec<(usize, Resolved<'a>, Option<Verdict>)> {
+    ) -> Vec<(usize, Resolved<'a>, Option<Here>)> {
         if items.is_empty() {
             return Vec::new();
         }
@@ -103,12 +104,12 @@ impl Limiter {
                     || taken.owned.contains(&k)
                     || self.shared.store.holds_own(&k)
                 {
-                    self.decide_here(&r, t).ok()
+                    self.decide_here_or_hold(&r, t).ok()
                 } else {
-                    Some(self.fallback(&r, t, false))
+                    Some(Here::Answered(self.fallback(&r, t, false)))
                 };
                 let v = match v {
-                    None if last => Some(self.fallback(&r, t, false)),
+                    None if last => Some(Here::Answered(self.fallback(&r, t, false))),
                     v => v,
                 };
                 (i, r, v)
@@ -290,6 +291,12 @@ impl Limiter {
             }
             todo = again;
         }
+        // Synchronous items wait for their replicas at most half of what
+        // is left: the answer must reach the edge in time, or the edge
+        // counts this node unreachable (its breaker) for a slow holder.
+        let confirm_by = tokio::time::Instant::now()
+            + settle_by.saturating_duration_since(tokio::time::Instant::now()) / 2;
+        self.confirm_forwarded(&items, &mut out, confirm_by).await;
         out.into_iter()
             .map(|f| f.unwrap_or(Forwarded::Unavailable))
             .collect()

@@ -16,6 +16,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use super::confirm::{Held, Here};
 use super::{Check, ItemError, Limiter, Resolved, Topology, Verdict, YIELD_EVERY};
 use crate::cluster::membership::Lifecycle;
 use crate::store::{Fence, key};
@@ -95,9 +96,15 @@ impl Limiter {
     /// no fault anywhere, would let a caller sending tiny deadlines to
     /// every edge collect each edge's share on top of the limit — and at
     /// most [`MAX_BUDGET`], so no call holds a permit or a peer batch for
-    /// hours. No deadline: the configured default (`forward_timeout`).
-    pub(super) fn caller_budget(&self, asked: Option<std::time::Duration>) -> std::time::Duration {
-        let default = self.shared.settings.budget;
+    /// hours. No deadline: the configured default (`forward_timeout`) —
+    /// twice that for a batch with a synchronous key, whose decision takes
+    /// a forward and a replica's round trip.
+    pub(super) fn caller_budget(
+        &self,
+        asked: Option<std::time::Duration>,
+        sync: bool,
+    ) -> std::time::Duration {
+        let default = self.shared.settings.budget * if sync { 2 } else { 1 };
         asked
             .unwrap_or(default)
             .clamp(MIN_BUDGET.min(default), MAX_BUDGET.max(default))
@@ -146,7 +153,6 @@ impl Limiter {
         items: Vec<Result<Check, ItemError>>,
         budget: Option<std::time::Duration>,
     ) -> Vec<Result<Verdict, ItemError>> {
-        let deadline = answer_by(self.caller_budget(budget));
         let policies = self.shared.policies.load_full();
         let mut out: Vec<Option<Result<Verdict, ItemError>>> = vec![None; items.len()];
         let mut todo: Vec<(usize, Resolved<'_>)> = Vec::with_capacity(items.len());
@@ -160,6 +166,8 @@ impl Limiter {
                 Err(e) => out[i] = Some(Err(e)),
             }
         }
+        let sync = todo.iter().any(|(_, r)| r.sync);
+        let deadline = answer_by(self.caller_budget(budget, sync));
         for round in 0..ROUNDS {
             if todo.is_empty() {
                 break;
@@ -200,6 +208,7 @@ impl Limiter {
         let joining = self.shared.presence.lifecycle() == Lifecycle::Joining;
         let mut remote: Vec<Pending<'a>> = Vec::new();
         let mut lacking: Vec<(usize, Resolved<'a>)> = Vec::new();
+        let mut held: Held<'a> = Vec::new();
         let mut again = Vec::new();
         for (n, (i, r)) in todo.into_iter().enumerate() {
             if n % YIELD_EVERY == YIELD_EVERY - 1 {
@@ -242,25 +251,32 @@ impl Limiter {
                 }
                 Route::NoOwner => out[i] = Some(Ok(self.fallback(&r, &t, false))),
                 Route::Lacking => lacking.push((i, r)),
-                Route::Here => match self.decide_here(&r, &t) {
-                    Ok(v) => out[i] = Some(Ok(v)),
+                Route::Here => match self.decide_here_or_hold(&r, &t) {
+                    Ok(Here::Answered(v)) => out[i] = Some(Ok(v)),
+                    Ok(Here::Confirm(d)) => held.push((i, r, d)),
                     Err(_) => again.push((i, r)),
                 },
             }
         }
-        let (forwarded, taken) = futures::future::join(
+        let (forwarded, (taken, confirmed)) = futures::future::join(
             futures::future::join_all(remote),
-            self.decide_lacking(lacking, &t, last, deadline),
+            futures::future::join(
+                self.decide_lacking(lacking, &t, last, deadline),
+                self.answer_confirmed(held, deadline),
+            ),
         )
         .await;
-        for (i, v) in forwarded {
-            out[i] = Some(Ok(v));
-        }
+        let mut held_late: Held<'a> = Vec::new();
         for (i, r, v) in taken {
             match v {
-                Some(v) => out[i] = Some(Ok(v)),
+                Some(Here::Answered(v)) => out[i] = Some(Ok(v)),
+                Some(Here::Confirm(d)) => held_late.push((i, r, d)),
                 None => again.push((i, r)),
             }
+        }
+        let confirmed_late = self.answer_confirmed(held_late, deadline).await;
+        for (i, v) in forwarded.into_iter().chain(confirmed).chain(confirmed_late) {
+            out[i] = Some(Ok(v));
         }
         again
     }

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use crate::algorithm::{Cost, Decision, Spec};
-pub use crate::policy::Mode;
 use crate::policy::OnOwnerUnreachable;
+pub use crate::policy::{Mode, Replication};
 pub use crate::verdict::{Reason, Status};
 
 /// Which limit a check is against.
@@ -29,6 +29,8 @@ pub struct Check {
     pub on_owner_unreachable: Option<OnOwnerUnreachable>,
     /// Overrides the policy's mode.
     pub mode: Option<Mode>,
+    /// Overrides the policy's replication.
+    pub replication: Option<Replication>,
 }
 
 /// Which path decided.

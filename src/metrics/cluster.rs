@@ -85,6 +85,10 @@ pub struct ClusterMetrics {
     pub transfer_sent: Counter,
     /// Keys re-sent to a new replica holder after a ring change.
     pub rereplicated: Counter,
+    /// Synchronous replication: decisions by whether the replica holder
+    /// acknowledged them (`confirmed`) or not (`unconfirmed`: decided as if
+    /// the owner were unreachable).
+    pub sync_replicas: Family<Vec<(&'static str, &'static str)>, Counter>,
     /// Live members by lifecycle state.
     pub members: Family<Vec<(&'static str, &'static str)>, Gauge>,
     /// The ring epoch (low 63 bits), to compare across nodes.
@@ -154,6 +158,7 @@ impl ClusterMetrics {
             transfer_received: Counter::default(),
             transfer_sent: Counter::default(),
             rereplicated: Counter::default(),
+            sync_replicas: Family::default(),
             members: Family::default(),
             ring_epoch: Gauge::default(),
             size: Gauge::default(),
@@ -238,6 +243,11 @@ impl ClusterMetrics {
             "sluice_rereplicated_keys",
             "Keys re-sent to a new replica holder after a ring change",
             self.rereplicated.clone(),
+        );
+        registry.register(
+            "sluice_sync_replica_decisions",
+            "Decisions of keys with synchronous replication, by outcome (confirmed by the replica holder, or unconfirmed and decided as if the owner were unreachable)",
+            self.sync_replicas.clone(),
         );
         registry.register(
             "sluice_ring_epoch",
@@ -440,6 +450,13 @@ impl ClusterMetrics {
         self.rpcs
             .get_or_create(&vec![("peer", peer.to_string())])
             .inc();
+    }
+
+    /// A synchronous decision's replica: `confirmed` or `unconfirmed`.
+    pub fn sync_replica(&self, outcome: &'static str, n: u64) {
+        self.sync_replicas
+            .get_or_create(&vec![("outcome", outcome)])
+            .inc_by(n);
     }
 
     pub fn fallback(&self, mode: &'static str) {

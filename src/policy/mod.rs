@@ -23,6 +23,8 @@ pub struct Policy {
     pub on_owner_unreachable: OnOwnerUnreachable,
     /// exact (default) or tiered (hot keys: local allotments).
     pub mode: Mode,
+    /// When the owner answers against its replica holder's copy.
+    pub replication: Replication,
 }
 
 /// Load every layer of the config and build its policies: what a node
@@ -60,6 +62,35 @@ impl Mode {
 
     pub fn from_name(name: &str) -> Option<Mode> {
         [Mode::Exact, Mode::Tiered]
+            .into_iter()
+            .find(|m| m.name() == name)
+    }
+}
+
+/// When a key's owner answers, against the copy its replica holder keeps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Replication {
+    /// At once; the copy follows within the replication lag, which a crash
+    /// of the owner loses.
+    #[default]
+    Async,
+    /// Once the replica holder acknowledged a copy holding the decision: a
+    /// crash loses nothing, for a peer round trip per decision. While no
+    /// acknowledgement comes, the key is decided as if its owner were
+    /// unreachable (its hits stay counted at the owner: the safe side).
+    Sync,
+}
+
+impl Replication {
+    pub fn name(self) -> &'static str {
+        match self {
+            Replication::Async => "async",
+            Replication::Sync => "sync",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Replication> {
+        [Replication::Async, Replication::Sync]
             .into_iter()
             .find(|m| m.name() == name)
     }
@@ -191,12 +222,30 @@ fn parse(name: &str, p: &PolicyConfig, bounds: &Bounds) -> Result<Policy, (&'sta
         Some(m) => Mode::from_name(m)
             .ok_or_else(|| ("mode", format!("unknown mode {m:?}; one of exact, tiered")))?,
     };
+    let replication = match &p.replication {
+        None => Replication::default(),
+        Some(r) => Replication::from_name(r).ok_or_else(|| {
+            (
+                "replication",
+                format!("unknown value {r:?}; one of async, sync"),
+            )
+        })?,
+    };
+    if replication == Replication::Sync && mode == Mode::Tiered {
+        // An allotment is spent with no owner in the way: nothing to wait for.
+        return Err((
+            "replication",
+            "sync needs mode exact (a tiered key is spent from allotments, not at its owner)"
+                .into(),
+        ));
+    }
     Ok(Policy {
         name: Arc::from(name),
         spec,
         shadow: p.shadow,
         on_owner_unreachable,
         mode,
+        replication,
     })
 }
 
@@ -222,6 +271,29 @@ mod tests {
         for (body, key) in cases {
             let err = super::from_toml_str(body).unwrap_err();
             assert!(err.0.contains(key), "{body:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn replication_is_async_unless_a_policy_asks_for_sync_in_exact_mode() {
+        use super::Replication;
+        let body = "[policies.pay]\nlimit = 5\nduration = \"1m\"\nreplication = \"sync\"\n\
+                    [policies.api]\nlimit = 5\nduration = \"1m\"\n";
+        let (_, policies) = super::from_toml_str(body).unwrap();
+        assert_eq!(policies.get("pay").unwrap().replication, Replication::Sync);
+        assert_eq!(policies.get("api").unwrap().replication, Replication::Async);
+        for (body, says) in [
+            (
+                "[policies.p]\nlimit = 1\nduration = \"1s\"\nreplication = \"eventually\"\n",
+                "policies.p.replication: unknown value \"eventually\"",
+            ),
+            (
+                "[policies.p]\nlimit = 1\nduration = \"1s\"\nreplication = \"sync\"\nmode = \"tiered\"\n",
+                "policies.p.replication: sync needs mode exact",
+            ),
+        ] {
+            let err = super::from_toml_str(body).unwrap_err();
+            assert!(err.0.contains(says), "{body:?}: {err}");
         }
     }
 }

@@ -120,6 +120,8 @@ struct JsonCheck {
     #[serde(default)]
     nodelay: bool,
     on_owner_unreachable: Option<String>,
+    /// `async` or `sync` (the policy's, else `async`).
+    replication: Option<String>,
 }
 
 type Invalid = (&'static str, String);
@@ -153,6 +155,9 @@ impl JsonCheck {
                 &self.on_owner_unreachable,
                 |s| pb::OwnerUnreachable::from_str_name(s).map(|a| a as i32),
             )?,
+            replication: enum_value("replication", "REPLICATION_", &self.replication, |s| {
+                pb::Replication::from_str_name(s).map(|a| a as i32)
+            })?,
             name: self.name,
             unique_key: self.unique_key,
             hits: self.hits,

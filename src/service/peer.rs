@@ -8,7 +8,7 @@ use tonic::{Request, Response, Status};
 use crate::algorithm::{Bounds, Cost};
 use crate::cluster::auth::{BURIED_HEADER, MEMBER_HEADER, Secret, TOKEN_HEADER};
 use crate::cluster::peers::codec as wire;
-use crate::limiter::{Absorb, Ask, Check, ForwardedItem, LimitRef, Limiter, Mode};
+use crate::limiter::{Absorb, Ask, Check, ForwardedItem, LimitRef, Limiter, Mode, Replication};
 use crate::proto::PEER_PROTOCOL_VERSION;
 use crate::proto::peer as pb;
 use crate::proto::peer::peer_server::Peer;
@@ -69,6 +69,7 @@ impl PeerService {
             unbatched: false,
             on_owner_unreachable: None,
             mode: item.tiered.is_some().then_some(Mode::Tiered),
+            replication: (item.sync_replica && item.tiered.is_none()).then_some(Replication::Sync),
         };
         let ask = item.tiered.as_ref().map(|a| Ask {
             edge: from.to_string(),

@@ -4,7 +4,9 @@
 
 use crate::algorithm::{Algorithm, Bounds, CalendarUnit, Cost, Nanos, Period, Spec};
 use crate::config::Limits;
-use crate::limiter::{Check, ItemError, LimitRef, Mode, Path, Reason, Status, Verdict};
+use crate::limiter::{
+    Check, ItemError, LimitRef, Mode, Path, Reason, Replication, Status, Verdict,
+};
 use crate::policy::OnOwnerUnreachable;
 use crate::proto::convert;
 use crate::proto::v1 as pb;
@@ -61,6 +63,17 @@ pub fn check_from_wire(r: &mut pb::RateLimitRequest, limits: &Limits) -> Result<
         Ok(pb::Mode::Tiered) => Some(Mode::Tiered),
         Err(_) => return Err(ItemError::new("mode", format!("unknown value {}", r.mode))),
     };
+    let replication = match pb::Replication::try_from(r.replication) {
+        Ok(pb::Replication::Unspecified) => None,
+        Ok(pb::Replication::Async) => Some(Replication::Async),
+        Ok(pb::Replication::Sync) => Some(Replication::Sync),
+        Err(_) => {
+            return Err(ItemError::new(
+                "replication",
+                format!("unknown value {}", r.replication),
+            ));
+        }
+    };
     // Every field is valid: only now is anything taken from the request.
     Ok(Check {
         name: std::mem::take(&mut r.name),
@@ -74,6 +87,7 @@ pub fn check_from_wire(r: &mut pb::RateLimitRequest, limits: &Limits) -> Result<
         unbatched: r.skip_batching,
         on_owner_unreachable,
         mode,
+        replication,
     })
 }
 

@@ -11,8 +11,11 @@
 //! the exact admissions that node answered as owner from [`LAG`] before
 //! it, reaching back over anything that held its replication up (another
 //! node paused or down, a gRPC cut of its own, a slow or lossy link), and
-//! the key's failed calls meanwhile (they may have counted). Every bound
-//! below allows exactly that, each call counted once:
+//! the key's failed calls meanwhile (they may have counted). A key with
+//! synchronous replication loses no admission to a death (its owner
+//! answered exactly only once the replica holder had the decision): only
+//! its failed calls are allowed for. Every bound below allows exactly
+//! that, each call counted once:
 //!
 //! 1. **No rollback.** An exact answer sent after another exact answer of
 //!    the same key came back shows no more remaining than it, beyond what
@@ -305,7 +308,7 @@ struct Lost {
     failed: Vec<usize>,
 }
 
-fn lost(faults: &Faults, calls: &[&Call], node: usize, at: u64) -> Lost {
+fn lost(faults: &Faults, calls: &[&Call], node: usize, at: u64, key: Key) -> Lost {
     let from = faults.lag_start(node, at);
     let owner = format!("n{node}");
     let within = |c: &Call| c.done >= from && c.sent <= at;
@@ -314,7 +317,10 @@ fn lost(faults: &Faults, calls: &[&Call], node: usize, at: u64) -> Lost {
         admissions: (0..calls.len())
             .filter(|&i| {
                 let c = calls[i];
-                within(c)
+                // A synchronous key's exact answer waited for its replica:
+                // no death loses it.
+                !key.sync
+                    && within(c)
                     && c.admitted()
                     && c.exact().is_some()
                     && c.owner() == Some(owner.as_str())
@@ -337,7 +343,7 @@ fn check_key(
     let losses: Vec<Lost> = faults
         .deaths
         .iter()
-        .map(|&(n, at)| lost(faults, calls, n, at))
+        .map(|&(n, at)| lost(faults, calls, n, at, key))
         .collect();
     let lost_admissions: BTreeSet<usize> = losses
         .iter()
@@ -403,8 +409,9 @@ fn check_key(
         out.push(Violation {
             key: Some(k),
             what: format!(
-                "over-admission: {counted} admitted ({exact_admitted} exact) of a limit of {limit} ({:?}; crash lag {total_lag})",
-                key.unreachable
+                "over-admission: {counted} admitted ({exact_admitted} exact) of a limit of {limit} ({:?}{}; crash lag {total_lag})",
+                key.unreachable,
+                if key.sync { ", sync" } else { "" }
             ),
         });
     }
@@ -555,21 +562,26 @@ mod tests {
 
     /// Key 0's violations, by their first words.
     fn kinds(s: &Schedule, calls: Vec<Call>) -> Vec<String> {
-        let limit = keys(s.seed)[0].limit as i64;
+        kinds_of(s, 0, calls)
+    }
+
+    /// Key `k`'s violations, by their first words.
+    fn kinds_of(s: &Schedule, k: usize, calls: Vec<Call>) -> Vec<String> {
+        let limit = keys(s.seed)[k].limit as i64;
         let mut calls = calls;
         // Make the history otherwise whole: liveness probes through every
         // node and a final count matching what was admitted.
         let admitted = calls.iter().filter(|c| c.hits > 0).count() as i64;
         for n in 0..s.nodes {
-            let mut c = answer(0, s.heal + 2_000, 0, limit - admitted, "n1");
+            let mut c = answer(k, s.heal + 2_000, 0, limit - admitted, "n1");
             c.node = n;
             calls.push(c);
         }
-        calls.push(answer(0, s.end + 2_000, 0, limit - admitted, "n1"));
+        calls.push(answer(k, s.end + 2_000, 0, limit - admitted, "n1"));
         let history = History { calls };
         check(s, &history, &events(s))
             .into_iter()
-            .filter(|v| v.key == Some(0))
+            .filter(|v| v.key == Some(k))
             .map(|v| v.what.split(':').next().unwrap_or_default().to_string())
             .collect()
     }
@@ -586,15 +598,18 @@ mod tests {
 
     #[test]
     fn a_rollback_is_caught_unless_a_crash_lag_covers_it() {
-        let limit = keys(1)[0].limit as i64;
+        // Key 3: `deny`, asynchronous replication.
+        let k = 3;
+        assert!(!keys(1)[k].sync);
+        let limit = keys(1)[k].limit as i64;
         // Two admissions by n1, then an answer from n2 as if neither
         // had happened.
         let calls = vec![
-            answer(0, 10_000, 1, limit - 1, "n1"),
-            answer(0, 10_050, 1, limit - 2, "n1"),
-            answer(0, 12_000, 1, limit - 1, "n2"),
+            answer(k, 10_000, 1, limit - 1, "n1"),
+            answer(k, 10_050, 1, limit - 2, "n1"),
+            answer(k, 12_000, 1, limit - 1, "n2"),
         ];
-        let found = kinds(&schedule(Vec::new()), calls.clone());
+        let found = kinds_of(&schedule(Vec::new()), k, calls.clone());
         assert!(found.contains(&"rollback".to_string()), "{found:?}");
         // n1 killed right after its admissions: the lag covers them.
         let crashed = schedule(vec![Fault::Crash {
@@ -602,7 +617,27 @@ mod tests {
             at: 10_060,
             down: 1_000,
         }]);
-        assert!(!kinds(&crashed, calls).contains(&"rollback".to_string()));
+        assert!(!kinds_of(&crashed, k, calls).contains(&"rollback".to_string()));
+    }
+
+    #[test]
+    fn a_synchronous_key_loses_nothing_to_a_crash() {
+        // Key 0: `deny`, synchronous replication — its exact answers
+        // waited for the replica holder, so no crash excuses a rollback.
+        assert!(keys(1)[0].sync);
+        let limit = keys(1)[0].limit as i64;
+        let calls = vec![
+            answer(0, 10_000, 1, limit - 1, "n1"),
+            answer(0, 10_050, 1, limit - 2, "n1"),
+            answer(0, 12_000, 1, limit - 1, "n2"),
+        ];
+        let crashed = schedule(vec![Fault::Crash {
+            node: 1,
+            at: 10_060,
+            down: 1_000,
+        }]);
+        let found = kinds(&crashed, calls);
+        assert!(found.contains(&"rollback".to_string()), "{found:?}");
     }
 
     #[test]

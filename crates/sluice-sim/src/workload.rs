@@ -46,16 +46,21 @@ pub enum Unreachable {
 pub struct Key {
     pub unreachable: Unreachable,
     pub limit: u64,
+    /// Synchronous replication: the owner answers once its replica holder
+    /// has the decision, so no death loses an exact admission.
+    pub sync: bool,
 }
 
 /// The run's keys: limits from 20 to 400, so some are spent early and
-/// some only late in the run.
+/// some only late in the run; half the `deny` keys (every sixth key, from
+/// k0) replicate synchronously.
 pub fn keys(seed: u64) -> Vec<Key> {
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x6e75);
     (0..KEYS)
         .map(|k| Key {
             unreachable: [Unreachable::Deny, Unreachable::Share, Unreachable::Allow][k % 3],
             limit: [20, 50, 100, 200, 400][rng.usize(..5)],
+            sync: k % 6 == 0,
         })
         .collect()
 }
@@ -129,6 +134,11 @@ impl Apps {
                 Unreachable::Deny => pb::OwnerUnreachable::Deny,
                 Unreachable::Share => pb::OwnerUnreachable::LocalShare,
                 Unreachable::Allow => pb::OwnerUnreachable::Allow,
+            } as i32,
+            replication: if k.sync {
+                pb::Replication::Sync
+            } else {
+                pb::Replication::Async
             } as i32,
             ..Default::default()
         };

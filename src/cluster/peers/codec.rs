@@ -98,6 +98,7 @@ pub(super) fn forward_to_wire(f: &Forward) -> pb::ForwardItem {
             pace: a.pace,
         }),
         budget_ns: f.budget_ns,
+        sync_replica: f.sync_replica,
     }
 }
 

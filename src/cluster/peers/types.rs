@@ -51,6 +51,9 @@ pub struct Forward {
     pub deadline_ns: Nanos,
     /// Tiered mode: this edge's ask for its next allotment.
     pub tiered: Option<TieredAsk>,
+    /// Synchronous replication: the owner answers once its replica holder
+    /// acknowledged the decision, else `Unavailable`.
+    pub sync_replica: bool,
 }
 
 /// An edge's ask for its next tiered allotment of a key.
