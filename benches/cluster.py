@@ -8,6 +8,9 @@ server processes' own accounting (/proc/<pid>/stat), with servers pinned to
 core 0 and the generator to core 1 (taskset).
 
 Usage: benches/cluster.py [--seconds 10]   (needs target/release/sluice)
+       benches/cluster.py --replication [--seconds 10]
+         synchronous against asynchronous replication on the same 3 nodes,
+         in one run: CPU per decision and latency, as ratios
 """
 
 import argparse
@@ -183,10 +186,47 @@ def crash_detection(runs=3):
     return figures
 
 
+def replication(seconds):
+    """What synchronous replication costs per decision: the same 3-node
+    cluster, batched closed loop and a fixed open-loop rate, async (the
+    baseline) then sync, one row each."""
+    three = Cluster(3)
+    try:
+        rows = {}
+        for mode in ["async", "sync"]:
+            rows[mode] = (
+                bench(three, seconds, ["--concurrency", "64", "--items", "10",
+                                       "--replication", mode]),
+                bench(three, seconds, ["--rate", "1000", "--replication", mode]),
+            )
+    finally:
+        three.stop()
+    print(f"## Synchronous replication ({time.strftime('%Y-%m-%d')}, {seconds} s per row, "
+          "3 nodes, 2/3 of keys forwarded)")
+    print()
+    print("| replication | decisions/s | CPU µs/decision | unavailable | p50 µs | p99 µs | p99.9 µs |")
+    print("|---|---|---|---|---|---|---|")
+    for mode, (load, lat) in rows.items():
+        l = lat["latency_us"]
+        print(f"| {mode} | {load['decisions_per_s']:.0f} | {load['cpu_us_per_decision']:.1f} "
+              f"| {load['unavailable'] + lat['unavailable']} | {l['p50']} | {l['p99']} | {l['p999']} |")
+    a, s = rows["async"], rows["sync"]
+    print()
+    print(f"sync / async: CPU per decision {s[0]['cpu_us_per_decision'] / a[0]['cpu_us_per_decision']:.2f}×, "
+          f"throughput {s[0]['decisions_per_s'] / a[0]['decisions_per_s']:.2f}×, "
+          f"p50 {s[1]['latency_us']['p50'] / max(a[1]['latency_us']['p50'], 1):.2f}×, "
+          f"p99 {s[1]['latency_us']['p99'] / max(a[1]['latency_us']['p99'], 1):.2f}×")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=int, default=10)
+    ap.add_argument("--replication", action="store_true",
+                    help="only sync against async replication")
     args = ap.parse_args()
+    if args.replication:
+        replication(args.seconds)
+        return
     rows = []
     one = Cluster(1)
     try:

@@ -79,6 +79,10 @@ pub struct BenchArgs {
     /// allotments: the hot-key mode).
     #[arg(long, default_value = "exact", value_parser = ["exact", "tiered"])]
     mode: String,
+    /// async (the owner answers at once) or sync (the owner answers once
+    /// its replica holder has the decision: a peer round trip more).
+    #[arg(long, default_value = "async", value_parser = ["async", "sync"])]
+    replication: String,
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
@@ -196,6 +200,11 @@ impl Run {
                     pb::Mode::Tiered
                 } else {
                     pb::Mode::Exact
+                } as i32,
+                replication: if self.args.replication == "sync" {
+                    pb::Replication::Sync
+                } else {
+                    pb::Replication::Async
                 } as i32,
                 ..Default::default()
             })
