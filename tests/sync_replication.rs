@@ -104,8 +104,13 @@ async fn a_sync_key_is_exact_only_with_its_replica_holder() {
         let b = nodes[via].check(check(&async_key, "async")).await;
         assert!(under(&b) && !b.approximate && b.owner == "node-0", "{b:?}");
     }
+    // A request cannot waive its policy's synchronous replication.
+    let mut waive = check(&sync_key, "sync");
+    waive.replication = pb::Replication::Async as i32;
+    let a = nodes[0].check(waive).await;
+    assert_eq!(a.status, pb::Status::Unavailable as i32, "{a:?}");
     let spent = LIMIT - remaining_at(&nodes[0], &sync_key).unwrap();
-    assert_eq!(spent, spent_before + 4, "refused, but counted at the owner");
+    assert_eq!(spent, spent_before + 5, "refused, but counted at the owner");
     assert!(
         remaining_at(&nodes[1], &sync_key).unwrap() > LIMIT - spent,
         "the holder never got the refused decisions"
@@ -123,7 +128,7 @@ async fn a_sync_key_is_exact_only_with_its_replica_holder() {
             &metrics,
             "sluice_sync_replica_decisions_total{outcome=\"unconfirmed\"}"
         ),
-        4.0
+        5.0
     );
 
     // Healed: exact again once the breaker's probe goes through, and the

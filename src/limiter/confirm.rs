@@ -25,6 +25,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::replicate::chunk_by_bytes;
 use super::{Forwarded, ForwardedItem, Limiter, Replication, Resolved, Topology, Verdict};
 use crate::algorithm::Decision;
 use crate::cluster::peers::{Outgoing, SyncKind, codec as wire};
@@ -164,7 +165,7 @@ impl Limiter {
             return acked;
         }
         let t = self.shared.topology.load_full();
-        let mut by_holder: HashMap<Arc<str>, (Vec<usize>, Vec<Outgoing>)> = HashMap::new();
+        let mut by_holder: HashMap<Arc<str>, Vec<(usize, Outgoing)>> = HashMap::new();
         for (i, k) in keys.iter().enumerate() {
             match holder_of(&t, k, &self.shared.node_id) {
                 Holder::NotOwner => {}
@@ -178,25 +179,30 @@ impl Limiter {
                     else {
                         continue;
                     };
-                    let entry = by_holder.entry(to).or_default();
-                    entry.0.push(i);
-                    entry.1.push(state);
+                    by_holder.entry(to).or_default().push((i, state));
                 }
             }
         }
+        // One call per holder, split as replication splits (a peer refuses
+        // a message past its bounds): a key is acknowledged with its call.
         let peers = &self.shared.peers;
-        let calls = by_holder.into_iter().map(|(to, (idx, states))| async move {
-            let call = peers.push_states(&to, SyncKind::Replica, states);
-            let ok = matches!(tokio::time::timeout_at(deadline, call).await, Ok(Ok(_)));
-            if !ok {
-                tracing::debug!(peer = %to, keys = idx.len(), "synchronous replica not acknowledged");
-            }
-            (idx, ok)
+        let calls = by_holder.iter().flat_map(|(to, states)| {
+            chunk_by_bytes(states, |(_, s)| s)
+                .into_iter()
+                .map(move |chunk| async move {
+                    let batch: Vec<Outgoing> = chunk.iter().map(|(_, s)| s.clone()).collect();
+                    let call = peers.push_states(to, SyncKind::Replica, batch);
+                    let ok = matches!(tokio::time::timeout_at(deadline, call).await, Ok(Ok(_)));
+                    if !ok {
+                        tracing::debug!(peer = %to, keys = chunk.len(), "synchronous replica not acknowledged");
+                    }
+                    (chunk, ok)
+                })
         });
-        for (idx, ok) in futures::future::join_all(calls).await {
+        for (chunk, ok) in futures::future::join_all(calls).await {
             if ok {
-                for i in idx {
-                    acked[i] = true;
+                for (i, _) in chunk {
+                    acked[*i] = true;
                 }
             }
         }

@@ -76,12 +76,19 @@ impl Limiter {
                 tokio::time::sleep(pause).await;
             }
             tried.push(target.clone());
+            if r.sync && !knows_sync(t, &target) {
+                // The previous release ignores the flag and answers at once:
+                // its exact answer would not be a confirmed one.
+                break;
+            }
             item.budget_ns = super::route::budget_left(deadline).as_nanos() as u64;
             if item.budget_ns == 0 {
                 self.shared.metrics.cluster.late_forwards.inc();
                 break;
             }
-            let call = peers.forward(&target, &item, r.check.unbatched);
+            // A sync item travels alone: the owner's wait for its replica
+            // must not hold up other keys batched with it.
+            let call = peers.forward(&target, &item, r.check.unbatched || r.sync);
             let Ok(result) = tokio::time::timeout_at(deadline, call).await else {
                 tracing::debug!(peer = %target, "forward: the caller's deadline passed");
                 self.shared.metrics.cluster.late_forwards.inc();
@@ -192,4 +199,14 @@ impl Limiter {
         };
         decided.unwrap_or_else(|| self.fallback(r, &t, false))
     }
+}
+
+/// Whether `node` speaks protocol 3, whose owners honour `sync_replica` (a
+/// member unknown here is taken to: its answer is checked as any other).
+fn knows_sync(t: &Topology, node: &str) -> bool {
+    t.ring
+        .members()
+        .iter()
+        .find(|m| &*m.node_id == node)
+        .is_none_or(|m| m.protocol >= 3)
 }

@@ -533,7 +533,10 @@ impl Limiter {
                 },
             };
         let tiered = check.mode.unwrap_or(policy_mode) == Mode::Tiered;
-        let sync = check.replication.unwrap_or(policy_replication) == Replication::Sync;
+        // A request may ask for synchronous replication, never waive a
+        // policy's: the policy is the operator's promise about crashes.
+        let sync =
+            policy_replication == Replication::Sync || check.replication == Some(Replication::Sync);
         if sync && tiered {
             return Err(ItemError::new(
                 "replication",

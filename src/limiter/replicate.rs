@@ -36,7 +36,7 @@ const BATCH_BYTES: usize = 1 << 20;
 
 /// Split states into RPCs of at most [`BATCH`] states and about
 /// [`BATCH_BYTES`] bytes (one state at least).
-fn chunk_by_bytes<T>(states: &[T], state: impl Fn(&T) -> &Outgoing) -> Vec<&[T]> {
+pub(super) fn chunk_by_bytes<T>(states: &[T], state: impl Fn(&T) -> &Outgoing) -> Vec<&[T]> {
     let mut out = Vec::new();
     let (mut start, mut bytes) = (0, 0);
     for (i, s) in states.iter().enumerate() {

@@ -104,10 +104,11 @@ impl Limiter {
         asked: Option<std::time::Duration>,
         sync: bool,
     ) -> std::time::Duration {
-        let default = self.shared.settings.budget * if sync { 2 } else { 1 };
+        let base = self.shared.settings.budget;
+        let default = if sync { base * 2 } else { base };
         asked
             .unwrap_or(default)
-            .clamp(MIN_BUDGET.min(default), MAX_BUDGET.max(default))
+            .clamp(MIN_BUDGET.min(base), MAX_BUDGET.max(base))
     }
 
     /// Whether this node may own keys right now.
