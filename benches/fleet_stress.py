@@ -13,7 +13,7 @@ a /metrics series names gossip), load average.
 
 Usage:
   benches/fleet_stress.py --nodes 40 --seconds 120 --busy 2 [--seed S]
-      [--bin /tmp/sluice-stress] [--interval 2] [--keep] [--stall 1,5] [--check]
+      [--bin target/release/sluice] [--interval 2] [--keep] [--stall 1,5] [--check]
 
 --check: exit 1, one "FAIL <what>: <node> <figure>" line per failed
 condition on stderr, unless all hold: one ring of N on every node within
@@ -914,7 +914,10 @@ def main():
     ap.add_argument("--seconds", type=float, default=120)
     ap.add_argument("--busy", type=int, default=0, help="CPU busy-loop processes beside the nodes")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--bin", default="/tmp/sluice-stress")
+    ap.add_argument("--bin", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                  "..", "target", "release", "sluice"),
+                    help="the sluice binary (default: this checkout's target/release/sluice; "
+                         "a copy elsewhere keeps a rebuild from swapping it mid-run)")
     ap.add_argument("--interval", type=float, default=2.0, help="seconds between samples")
     ap.add_argument("--keep", action="store_true", help="keep the logs directory")
     ap.add_argument("--strace-seconds", type=float, default=5.0,
