@@ -942,6 +942,8 @@ def main():
         ap.error(f"--stall: {e}")
     if args.nodes < 3:
         sys.exit("--nodes must be at least 3 (three seeds)")
+    # Nodes start in their own directories: a relative path must not move.
+    args.bin = os.path.abspath(args.bin)
     if not os.access(args.bin, os.X_OK):
         sys.exit(f"no executable at {args.bin}")
 
