@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -27,12 +26,9 @@ BIN = os.path.join(os.path.dirname(__file__), "..", "target", "release", "sluice
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def free_port(kind=socket.SOCK_STREAM):
-    s = socket.socket(socket.AF_INET, kind)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+# Ports below the ephemeral range, never handed out twice (see there).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from local_cluster import free_port, free_ports  # noqa: E402,F401
 
 
 def cpu_seconds(pid):
@@ -95,7 +91,7 @@ class Cluster:
         seed = None
         for i in range(n):
             grpc = f"127.0.0.1:{free_port()}"
-            gossip = free_port(socket.SOCK_DGRAM)
+            gossip = free_port()
             node_env = dict(os.environ, RUST_LOG="warn",
                        SLUICE_CLUSTER__GOSSIP_ADDR=f"127.0.0.1:{gossip}",
                        SLUICE_CLUSTER__SECRET="bench-secret",

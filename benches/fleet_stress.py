@@ -55,7 +55,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -67,7 +66,7 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.dont_write_bytecode = True  # no benches/__pycache__ from importing cluster
-from cluster import cpu_seconds, free_port, metrics  # noqa: E402
+from cluster import cpu_seconds, free_ports, metrics  # noqa: E402
 
 CONFIGMAP = os.path.join(HERE, "..", "deploy", "k8s", "configmap.yaml")
 SECRET = "fleet-stress-secret-0123456789abcdef"
@@ -218,13 +217,6 @@ def cluster_settings(template):
     return got
 
 
-def distinct_ports(count, kind):
-    ports = set()
-    while len(ports) < count:
-        ports.add(free_port(kind))
-    return list(ports)
-
-
 class Fleet:
     def __init__(self, args, workdir):
         self.args, self.dir = args, workdir
@@ -250,8 +242,8 @@ class Fleet:
         with open(secret_file, "w") as f:
             f.write(SECRET)
         os.chmod(secret_file, 0o600)
-        tcp = distinct_ports(3 * n, socket.SOCK_STREAM)
-        udp = distinct_ports(n, socket.SOCK_DGRAM)
+        tcp = free_ports(3 * n)
+        udp = free_ports(n)
         gossip = [f"127.0.0.1:{p}" for p in udp]
         seeds = gossip[:3]
         # The seeds first, then the rest in an order drawn from --seed.

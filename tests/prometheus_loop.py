@@ -212,9 +212,10 @@ class Cluster(LocalCluster):
         return http_get(f"http://{node['http']}/metrics")[1]
 
     def whole(self):
+        gone = self.exited()
+        if gone:
+            raise Failure(gone)
         for node in self.nodes:
-            if node["proc"].poll() is not None:
-                raise Failure(f"{node['id']} exited with {node['proc'].returncode}")
             if http_get(f"http://{node['http']}/readyz")[0] != 200:
                 raise Failure(f"{node['id']} not ready")
             ready = metric_value(self.metrics(node), "sluice_cluster_members", state="ready")

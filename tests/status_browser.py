@@ -41,10 +41,13 @@ TOKEN = "status-browser-admin-token-0123456789"
 KEY = "abuser-203.0.113.7"
 
 
-def await_(what, check, deadline):
+def await_(what, check, deadline, cluster=None):
     until = time.time() + deadline
     last = None
     while time.time() < until:
+        gone = cluster.exited() if cluster else None
+        if gone:
+            raise SystemExit(f"FAIL: waiting for {what}: {gone}")
         try:
             got = check()
             if got:
@@ -52,7 +55,8 @@ def await_(what, check, deadline):
         except Exception as e:  # a node not up yet
             last = e
         time.sleep(0.2)
-    raise SystemExit(f"FAIL: timed out waiting for {what} (last error: {last})")
+    logs = cluster.log_tails() if cluster else ""
+    raise SystemExit(f"FAIL: timed out waiting for {what} (last error: {last}){logs}")
 
 
 def status(node):
@@ -102,7 +106,7 @@ def main():
         ids = [n["id"] for n in nodes]
         await_("every node to see three members in its ring",
                lambda: all(sorted(m["node_id"] for m in status(n)["members"] if m["in_ring"]) == ids
-                           for n in nodes), 30)
+                           for n in nodes), 30, cluster)
         # Refuse the key: limit 3, 6 checks.
         subprocess.run([binary, "check", "--addr", nodes[0]["grpc"], "--name", "api", "--key", KEY,
                         "--limit", "3", "--duration-ms", "600000", "-n", "6"],
@@ -114,7 +118,7 @@ def main():
                 if any(k["key"] == KEY for k in s["top_by_refusals"]):
                     return n, s
             return None
-        node, s = await_("a node to rank the refused key", holder, 15)
+        node, s = await_("a node to rank the refused key", holder, 15, cluster)
         # Some refusals decided through that node too, so its rates (by
         # status and path, counted where a check arrives) are not zero.
         subprocess.run([binary, "check", "--addr", node["grpc"], "--name", "api", "--key", KEY,
