@@ -170,6 +170,38 @@ impl Ring {
             .map(|idx| &self.members[idx as usize])
     }
 
+    /// The owner and replica holder `key` had in this ring without the
+    /// members `skip` names (the ring as it stood after they left: a
+    /// position depends on the node id alone, so removing members never
+    /// moves the others).
+    pub fn holders_without(
+        &self,
+        key: &[u8],
+        skip: impl Fn(&Member) -> bool,
+    ) -> (Option<&Member>, Option<&Member>) {
+        if self.points.is_empty() {
+            return (None, None);
+        }
+        let start = self.point_at(key_position(key));
+        let mut owner: Option<u32> = None;
+        for k in 0..self.points.len() {
+            let idx = self.points[(start + k) % self.points.len()].1;
+            if owner == Some(idx) || skip(&self.members[idx as usize]) {
+                continue;
+            }
+            match owner {
+                None => owner = Some(idx),
+                Some(o) => {
+                    return (
+                        Some(&self.members[o as usize]),
+                        Some(&self.members[idx as usize]),
+                    );
+                }
+            }
+        }
+        (owner.map(|o| &self.members[o as usize]), None)
+    }
+
     /// Each member's fraction of the hash space, in member order.
     pub fn shares(&self) -> Vec<(Arc<str>, f64)> {
         let mut owned = vec![0u128; self.members.len()];
@@ -266,6 +298,34 @@ mod tests {
                 "{n} nodes: the busiest owns {worst:.3}× its fair share"
             );
         }
+    }
+
+    /// A ring without some members, read from the full ring, is the ring
+    /// built without them (the regions of doubt read earlier rings so).
+    #[test]
+    fn holders_without_members_are_those_of_the_smaller_ring() {
+        let full = ring(&["a", "b", "c", "d", "e"]);
+        let id = |m: Option<&Member>| m.map(|m| m.node_id.to_string());
+        for skip in [
+            &[][..],
+            &["c"][..],
+            &["a", "d"][..],
+            &["a", "b", "c", "d"][..],
+        ] {
+            let rest: Vec<&str> = ["a", "b", "c", "d", "e"]
+                .into_iter()
+                .filter(|i| !skip.contains(i))
+                .collect();
+            let small = ring(&rest);
+            for i in 0..2_000 {
+                let k = key::encode("n", &i.to_string());
+                let (owner, holder) = full.holders_without(&k, |m| skip.contains(&&*m.node_id));
+                assert_eq!(id(owner), id(small.owner(&k)), "{skip:?} {i}");
+                assert_eq!(id(holder), id(small.successor(&k)), "{skip:?} {i}");
+            }
+        }
+        let all = full.holders_without(b"k", |_| true);
+        assert!(all.0.is_none() && all.1.is_none());
     }
 
     #[test]

@@ -45,6 +45,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::algorithm::Nanos;
 use crate::cluster::membership::doubts::PublishedDoubt;
+use crate::cluster::membership::view::MAX_TOMBSTONES;
 use crate::cluster::ring::{Member, Ring};
 
 /// Keys remembered per region as decided in doubt (for the gauge and the
@@ -73,6 +74,12 @@ struct Region {
     /// of the change, and any lost later within the grace (an owner lost
     /// in one view and its replica holder in the next are a pair).
     gone: Vec<(Arc<str>, u64)>,
+    /// Every member the region has lost, in the order lost — those back
+    /// since too (at most [`MAX_TOMBSTONES`]) — and where each later loss
+    /// began in it: the rings the keys were decided in between losses
+    /// are `previous` without a prefix of it ([`Region::rings`]).
+    lost: Vec<(Arc<str>, u64)>,
+    cuts: Vec<usize>,
     /// When the grace ends: the best copy is taken.
     until: Nanos,
     /// Keys decided in doubt under this region (hashed: a key's bytes are
@@ -83,17 +90,84 @@ struct Region {
 }
 
 impl Region {
+    fn new(previous: Arc<Ring>, gone: Vec<(Arc<str>, u64)>, until: Nanos) -> Region {
+        let mut lost = gone.clone();
+        lost.truncate(MAX_TOMBSTONES);
+        Region {
+            previous,
+            gone,
+            lost,
+            cuts: vec![0],
+            until,
+            keys: HashSet::new(),
+            overflow: 0,
+        }
+    }
+
+    /// A region as a peer published it: the steps between its losses
+    /// are not sent, so each loss is a step of its own (more rings only
+    /// put more keys in doubt, never fewer).
+    fn adopted(
+        previous: Arc<Ring>,
+        gone: Vec<(Arc<str>, u64)>,
+        mut lost: Vec<(Arc<str>, u64)>,
+        until: Nanos,
+    ) -> Region {
+        lost.truncate(MAX_TOMBSTONES);
+        let cuts = (0..lost.len().max(1)).collect();
+        Region {
+            lost,
+            cuts,
+            ..Region::new(previous, gone, until)
+        }
+    }
+
+    /// Members lost in a later view join the region: a step of its chain
+    /// of rings when any is new to it, and then the grace runs from this
+    /// loss (`until`) if that is later. A key of the ring before this
+    /// step came in doubt only now, with its second holder (seed 89: a
+    /// grace counted from the first loss took a key from its best copy
+    /// 5 s after its current holder, stopped, was lost — and 25 ms before
+    /// that holder came back with the count).
+    fn lose(&mut self, gone: &[(Arc<str>, u64)], until: Nanos) {
+        let mut step = false;
+        for g in gone {
+            if !self.gone.iter().any(|(id, _)| *id == g.0) {
+                self.gone.push(g.clone());
+            }
+            if !self.lost.iter().any(|(id, _)| *id == g.0) && self.lost.len() < MAX_TOMBSTONES {
+                if !step {
+                    self.cuts.push(self.lost.len());
+                    self.until = self.until.max(until);
+                    step = true;
+                }
+                self.lost.push(g.clone());
+            }
+        }
+    }
+
     /// Whether `k` (owned by this node now) is in doubt under this
-    /// region: its owner in `previous` and that owner's replica holder are
-    /// gone (so this node was neither).
+    /// region: in a ring the region went through — `previous`, then
+    /// `previous` without each loss in turn — its owner and that owner's
+    /// replica holder are both gone now (so this node was neither).
+    ///
+    /// Every ring of the chain, not only the first: a key decided after
+    /// the first loss had its holders in the ring after it (simulator
+    /// seed 89: the owner went on deciding with a new replica holder when
+    /// its first one was buried; the owner and the new holder went; the
+    /// first holder came back with its copy from before — of the first
+    /// ring's holders one was back, and it answered from that copy).
     fn covers(&self, k: &[u8]) -> bool {
         // This node is never among the gone of a region it opened; of an
         // adopted one, only as an older generation (another process).
         let gone = |m: &Member| self.gone.iter().any(|(id, _)| *id == m.node_id);
-        let Some(owner) = self.previous.owner(k) else {
-            return false;
-        };
-        gone(owner) && self.previous.successor(k).is_none_or(gone)
+        self.cuts.iter().any(|&cut| {
+            let left = &self.lost[..cut];
+            let (owner, holder) = self
+                .previous
+                .holders_without(k, |m| left.iter().any(|(id, _)| *id == m.node_id));
+            owner.is_some_and(gone) && holder.is_none_or(gone)
+        })
     }
 
     /// Whether any key can be in doubt under it: an owner and its replica
@@ -222,13 +296,10 @@ impl Doubts {
             .collect();
         let mut ended = Ended::default();
         let mut regions = self.regions();
+        let until = now.saturating_add(self.grace);
         for r in regions.iter_mut() {
             r.gone.retain(|(id, generation)| !is_live(id, *generation));
-            for g in &gone {
-                if !r.gone.iter().any(|(id, _)| *id == g.0) {
-                    r.gone.push(g.clone());
-                }
-            }
+            r.lose(&gone, until);
             // A holder back leaves one member gone: no key is in doubt
             // under it now, and none decided in doubt was taken from a
             // best copy (it comes with the transfer).
@@ -240,7 +311,6 @@ impl Doubts {
         // A region none of whose members is gone any more is resolved: the
         // holders of record are back, nothing was taken from a best copy.
         regions.retain(|r| !r.gone.is_empty());
-        let until = now.saturating_add(self.grace);
         // A region over the same ring is already open (a suspect, then
         // buried; or the view changed for another reason): the losses
         // joined it above.
@@ -251,13 +321,7 @@ impl Doubts {
         sorted.sort();
         let ended_before = Self::was_done(&self.done(), &sorted);
         if !gone.is_empty() && !known && !ended_before {
-            regions.push(Region {
-                previous: c.previous.clone(),
-                gone,
-                until,
-                keys: HashSet::new(),
-                overflow: 0,
-            });
+            regions.push(Region::new(c.previous.clone(), gone, until));
         }
         while regions.len() > MAX_REGIONS {
             let r = regions.remove(0);
@@ -290,7 +354,15 @@ impl Doubts {
         open.sort_by_key(|r| std::cmp::Reverse(r.until));
         open.iter()
             .map(|r| PublishedDoubt {
-                gone: r.gone.clone(),
+                // In the order lost, those back since included (an
+                // adopter rebuilds the rings between the losses from it,
+                // and leaves out whom it hears as that process).
+                gone: r
+                    .lost
+                    .iter()
+                    .chain(r.gone.iter().filter(|g| !r.lost.contains(g)))
+                    .cloned()
+                    .collect(),
                 remaining: std::time::Duration::from_nanos(r.until.saturating_sub(now)),
             })
             .collect()
@@ -339,16 +411,27 @@ impl Doubts {
             // whose later holders were lost, and answered it exactly from
             // its copy from before the pause).
             let named_me = p.gone.iter().any(|(id, g)| &**id == me && *g == now_as);
-            let mut gone: Vec<(Arc<str>, u64)> = p
-                .gone
-                .iter()
-                .filter(|(id, g)| !(&**id == me && *g >= born))
-                .filter(|g| !is_live(g))
-                .cloned()
-                .collect();
+            // A member heard as the process it was, under a newer
+            // generation, was buried and is back: not gone, but the rings
+            // between the losses are rebuilt without it from where it was
+            // lost. Heard at the generation named, it was never lost here.
+            let back =
+                |(id, g): &(Arc<str>, u64)| live.iter().any(|m| m.was(id, *g) && *g < m.generation);
+            let mut lost: Vec<(Arc<str>, u64)> = Vec::new();
+            for g in p.gone.iter().filter(|(id, g)| !(&**id == me && *g >= born)) {
+                if (!is_live(g) || back(g)) && !lost.contains(g) {
+                    lost.push(g.clone());
+                }
+            }
+            let mut gone: Vec<(Arc<str>, u64)> =
+                lost.iter().filter(|g| !is_live(g)).cloned().collect();
             gone.sort();
-            gone.dedup();
-            let holds = |r: &Region| gone.iter().all(|g| r.gone.contains(g));
+            // Held here already: the same losses, over rings rebuilt
+            // from as much (a region whose word names a member back since
+            // covers rings one without it cannot).
+            let holds = |r: &Region| {
+                gone.iter().all(|g| r.gone.contains(g)) && lost.iter().all(|g| r.lost.contains(g))
+            };
             // Fewer than two gone here covers nothing.
             let full = regions.len() >= MAX_REGIONS;
             if full || gone.len() < 2 || Self::was_done(&done, &gone) || regions.iter().any(holds) {
@@ -364,23 +447,23 @@ impl Doubts {
                 .members()
                 .iter()
                 .filter(|m| {
-                    (named_me || &*m.node_id != me) && !gone.iter().any(|(id, _)| *id == m.node_id)
+                    (named_me || &*m.node_id != me) && !lost.iter().any(|(id, _)| *id == m.node_id)
                 })
                 .cloned()
-                .chain(gone.iter().map(|(id, g)| Member {
+                .chain(lost.iter().map(|(id, g)| Member {
                     node_id: id.clone(),
                     generation: *g,
                     grpc_addr: String::new(),
                     protocol: 0,
                 }));
             let remaining = (p.remaining.as_nanos().min(u64::MAX as u128) as u64).min(self.grace);
-            regions.push(Region {
-                previous: Arc::new(Ring::new(previous)),
-                gone: gone.clone(),
-                until: now.saturating_add(remaining),
-                keys: HashSet::new(),
-                overflow: 0,
-            });
+            let until = now.saturating_add(remaining);
+            regions.push(Region::adopted(
+                Arc::new(Ring::new(previous)),
+                gone,
+                lost,
+                until,
+            ));
             count += 1;
         }
         if count > 0 {

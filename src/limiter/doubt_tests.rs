@@ -431,3 +431,116 @@ fn a_node_named_at_an_older_generation_is_not_a_holder_of_record() {
     );
     assert!(!never_away.in_doubt(&k, 2 * S, &mut ended), "b held it");
 }
+
+/// Simulator seed 89, the keys' side: a (k's owner) went on deciding k
+/// with d as its replica holder once b, its first one, was buried; then a
+/// crashed, d was lost, and b came back as the process it was, with its
+/// copy from before. Of the first ring's holders of k one is back, but k
+/// was decided in the ring after b's loss, whose holders are both gone:
+/// k stays in doubt — at the restarted owner, which adopted the region
+/// before b's return, at a node that adopts it after, and at the node
+/// that saw it all.
+#[test]
+fn a_holder_replaced_before_the_owner_went_does_not_end_the_doubt() {
+    let v0 = ring(&["a", "b", "c", "d", "e"]);
+    let v1 = ring(&["a", "c", "d", "e"]);
+    let k = key_where(&v0, "a", "b", |k| &*v1.successor(k).unwrap().node_id == "d");
+    // e saw it all: b lost, then a (within the grace).
+    let survivor = Doubts::new(30 * S);
+    change(&survivor, "e", &v0, &live(&["a", "c", "d"]), S);
+    change(&survivor, "e", &v1, &live(&["c", "d"]), 2 * S);
+    let word = survivor.published(3 * S);
+    let b_back = [heard("c", 1, 1), heard("e", 1, 1), heard("b", 1, 2)];
+    let mut ended = Ended::default();
+
+    // a restarted (born 5): it adopts the region while b is away, then
+    // loses d, then hears b back.
+    let me = heard("a", 5, 5);
+    let a_now = |ids: &[&str]| {
+        Arc::new(Ring::new(
+            std::iter::once(member("a", 5)).chain(ids.iter().map(|id| member(id, 1))),
+        ))
+    };
+    let restarted = Doubts::new(30 * S);
+    let heard_then = live(&["c", "d", "e"]);
+    assert_eq!(
+        restarted.adopt(&word, &a_now(&["c", "d", "e"]), &heard_then, &me, 4 * S),
+        1
+    );
+    assert!(
+        restarted.in_doubt(&k, 4 * S, &mut ended),
+        "a's old process lost it"
+    );
+    change(
+        &restarted,
+        "a",
+        &a_now(&["c", "d", "e"]),
+        &live(&["c", "e"]),
+        5 * S,
+    );
+    assert!(restarted.in_doubt(&k, 6 * S, &mut ended));
+    change(&restarted, "a", &a_now(&["c", "e"]), &b_back, 7 * S);
+    assert!(
+        restarted.in_doubt(&k, 8 * S, &mut ended),
+        "b's copy is from before k's last decisions"
+    );
+
+    // e's own regions keep it in doubt through b's return too, and what
+    // it publishes then names b (back) where it was lost.
+    change(
+        &survivor,
+        "e",
+        &ring(&["c", "d", "e"]),
+        &live(&["c"]),
+        5 * S,
+    );
+    change(
+        &survivor,
+        "e",
+        &ring(&["c", "e"]),
+        &[heard("c", 1, 1), heard("b", 1, 2)],
+        7 * S,
+    );
+    let late_word = survivor.published(8 * S);
+    assert!(
+        late_word
+            .iter()
+            .any(|p| p.gone.first() == Some(&(Arc::from("b"), 1)))
+    );
+
+    // A node adopting after b's return rebuilds the ring b was lost from.
+    let late = Doubts::new(30 * S);
+    let b_now = [heard("c", 1, 1), heard("b", 1, 2)];
+    let ring_now = Arc::new(Ring::new([
+        member("a", 5),
+        member("b", 2),
+        member("c", 1),
+        member("e", 1),
+    ]));
+    // (The region naming b covers k; the later one alone would not: its
+    // ring is rebuilt with b in it. Both, or the first alone.)
+    assert!(late.adopt(&late_word, &ring_now, &b_now, &me, 9 * S) >= 1);
+    assert!(late.in_doubt(&k, 10 * S, &mut ended));
+    // A key whose holders after b's loss include a live member is not.
+    let fine = key_where(&v0, "a", "b", |k| &*v1.successor(k).unwrap().node_id == "c");
+    assert!(!late.in_doubt(&fine, 10 * S, &mut ended));
+}
+
+/// A loss that joins a region restarts its grace: the keys of the ring
+/// before it came in doubt only with it.
+#[test]
+fn a_later_loss_restarts_the_grace() {
+    let d = Doubts::new(10 * S);
+    let v0 = ring(&["a", "b", "c", "d", "e"]);
+    let v1 = ring(&["a", "c", "d", "e"]);
+    let k = key_where(&v0, "a", "b", |k| &*v1.successor(k).unwrap().node_id == "d");
+    change(&d, "e", &v0, &live(&["a", "c", "d"]), S);
+    change(&d, "e", &v1, &live(&["c", "d"]), 2 * S);
+    change(&d, "e", &ring(&["c", "d", "e"]), &live(&["c"]), 8 * S);
+    let mut ended = Ended::default();
+    assert!(
+        d.in_doubt(&k, 17 * S, &mut ended),
+        "10 s from d's loss, not b's"
+    );
+    assert!(!d.in_doubt(&k, 18 * S, &mut ended));
+}

@@ -23,8 +23,14 @@ use crate::world::SimDial;
 /// How long after the end of traffic the final probes run (ms).
 pub const PROBE_SPAN: u64 = 8_000;
 /// Every key answers exactly through every node within this long of the
-/// last heal (ms).
-pub const LIVENESS: u64 = 10_000;
+/// last heal (ms): the cluster's `in_doubt_grace` (10 s) and 1.5 s. A key
+/// whose last holder of record was lost as the faults ended (a crashed
+/// generation is known lost at the latest when its process is back,
+/// around the heal) is decided in doubt for the whole grace from that
+/// loss, and the word of its end takes a gossip round or two to reach
+/// every node (seed 19: a region a restart extended at the heal ended
+/// 9,955 ms after it).
+pub const LIVENESS: u64 = 11_500;
 /// An app's deadline for one call.
 pub const DEADLINE: Duration = Duration::from_millis(100);
 /// Apps calling at once.
@@ -247,5 +253,19 @@ pub async fn drive(apps: Apps) {
             node = (node + 1) % s.nodes;
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The liveness window covers the cluster's whole in-doubt grace (a
+    /// key in doubt at the heal answers exactly only after it), with room
+    /// for the word of its end to spread.
+    #[test]
+    fn liveness_outlasts_the_in_doubt_grace() {
+        let grace = sluice::config::ClusterConfig::default().in_doubt_grace;
+        assert!(Duration::from_millis(LIVENESS) >= grace + Duration::from_millis(1_000));
     }
 }

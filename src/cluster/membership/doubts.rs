@@ -28,8 +28,10 @@ pub const MAX_PUBLISHED: usize = 8;
 /// One open region as gossiped.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PublishedDoubt {
-    /// Members of the ring before the change gone since, by id and
-    /// generation (at most [`MAX_TOMBSTONES`]).
+    /// Members of the ring before the change lost since, by id and
+    /// generation, in the order lost (at most [`MAX_TOMBSTONES`]): those
+    /// back since too — the rings between the losses are rebuilt from it;
+    /// an adopter leaves out of the gone whom it hears as that process.
     pub gone: Vec<Tombstone>,
     /// How long the region stays open from when it was published.
     pub remaining: Duration,
