@@ -171,35 +171,32 @@ impl Ring {
     }
 
     /// The owner and replica holder `key` had in this ring without the
-    /// members `skip` names (the ring as it stood after they left: a
-    /// position depends on the node id alone, so removing members never
-    /// moves the others).
+    /// members `skip` names by their index in [`Ring::members`] (the ring
+    /// as it stood after they left: a position depends on the node id
+    /// alone, so removing members never moves the others), as indices.
+    /// Walks the points from the key's: with fewer than two members left
+    /// unskipped, all of them (the caller knows when and need not ask).
     pub fn holders_without(
         &self,
         key: &[u8],
-        skip: impl Fn(&Member) -> bool,
-    ) -> (Option<&Member>, Option<&Member>) {
+        skip: impl Fn(usize) -> bool,
+    ) -> (Option<usize>, Option<usize>) {
         if self.points.is_empty() {
             return (None, None);
         }
         let start = self.point_at(key_position(key));
-        let mut owner: Option<u32> = None;
+        let mut owner: Option<usize> = None;
         for k in 0..self.points.len() {
-            let idx = self.points[(start + k) % self.points.len()].1;
-            if owner == Some(idx) || skip(&self.members[idx as usize]) {
+            let idx = self.points[(start + k) % self.points.len()].1 as usize;
+            if owner == Some(idx) || skip(idx) {
                 continue;
             }
             match owner {
                 None => owner = Some(idx),
-                Some(o) => {
-                    return (
-                        Some(&self.members[o as usize]),
-                        Some(&self.members[idx as usize]),
-                    );
-                }
+                Some(o) => return (Some(o), Some(idx)),
             }
         }
-        (owner.map(|o| &self.members[o as usize]), None)
+        (owner, None)
     }
 
     /// Each member's fraction of the hash space, in member order.
@@ -306,6 +303,7 @@ mod tests {
     fn holders_without_members_are_those_of_the_smaller_ring() {
         let full = ring(&["a", "b", "c", "d", "e"]);
         let id = |m: Option<&Member>| m.map(|m| m.node_id.to_string());
+        let at = |i: Option<usize>| i.map(|i| full.members()[i].node_id.to_string());
         for skip in [
             &[][..],
             &["c"][..],
@@ -319,9 +317,10 @@ mod tests {
             let small = ring(&rest);
             for i in 0..2_000 {
                 let k = key::encode("n", &i.to_string());
-                let (owner, holder) = full.holders_without(&k, |m| skip.contains(&&*m.node_id));
-                assert_eq!(id(owner), id(small.owner(&k)), "{skip:?} {i}");
-                assert_eq!(id(holder), id(small.successor(&k)), "{skip:?} {i}");
+                let (owner, holder) =
+                    full.holders_without(&k, |m| skip.contains(&&*full.members()[m].node_id));
+                assert_eq!(at(owner), id(small.owner(&k)), "{skip:?} {i}");
+                assert_eq!(at(holder), id(small.successor(&k)), "{skip:?} {i}");
             }
         }
         let all = full.holders_without(b"k", |_| true);

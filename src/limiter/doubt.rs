@@ -39,13 +39,11 @@
 //! ring and who of it is gone: a ring lookup or two per region, and one
 //! atomic load while there is none — the rule outside faults.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::algorithm::Nanos;
 use crate::cluster::membership::doubts::PublishedDoubt;
-use crate::cluster::membership::view::MAX_TOMBSTONES;
 use crate::cluster::ring::{Member, Ring};
 
 /// Keys remembered per region as decided in doubt (for the gauge and the
@@ -65,121 +63,9 @@ const MAX_DONE: usize = 64;
 /// Members lost, by id and generation (sorted where compared).
 type Losses = Vec<(Arc<str>, u64)>;
 
-/// One change that took members away.
-#[derive(Debug)]
-struct Region {
-    /// The ring before the change: whose keys were where.
-    previous: Arc<Ring>,
-    /// The members of `previous` gone since, by id and generation — those
-    /// of the change, and any lost later within the grace (an owner lost
-    /// in one view and its replica holder in the next are a pair).
-    gone: Vec<(Arc<str>, u64)>,
-    /// Every member the region has lost, in the order lost — those back
-    /// since too (at most [`MAX_TOMBSTONES`]) — and where each later loss
-    /// began in it: the rings the keys were decided in between losses
-    /// are `previous` without a prefix of it ([`Region::rings`]).
-    lost: Vec<(Arc<str>, u64)>,
-    cuts: Vec<usize>,
-    /// When the grace ends: the best copy is taken.
-    until: Nanos,
-    /// Keys decided in doubt under this region (hashed: a key's bytes are
-    /// the caller's, up to `max_key_bytes`).
-    keys: HashSet<u64>,
-    /// More keys than [`MAX_COUNTED`] were decided in doubt.
-    overflow: u64,
-}
-
-impl Region {
-    fn new(previous: Arc<Ring>, gone: Vec<(Arc<str>, u64)>, until: Nanos) -> Region {
-        let mut lost = gone.clone();
-        lost.truncate(MAX_TOMBSTONES);
-        Region {
-            previous,
-            gone,
-            lost,
-            cuts: vec![0],
-            until,
-            keys: HashSet::new(),
-            overflow: 0,
-        }
-    }
-
-    /// A region as a peer published it: the steps between its losses
-    /// are not sent, so each loss is a step of its own (more rings only
-    /// put more keys in doubt, never fewer).
-    fn adopted(
-        previous: Arc<Ring>,
-        gone: Vec<(Arc<str>, u64)>,
-        mut lost: Vec<(Arc<str>, u64)>,
-        until: Nanos,
-    ) -> Region {
-        lost.truncate(MAX_TOMBSTONES);
-        let cuts = (0..lost.len().max(1)).collect();
-        Region {
-            lost,
-            cuts,
-            ..Region::new(previous, gone, until)
-        }
-    }
-
-    /// Members lost in a later view join the region: a step of its chain
-    /// of rings when any is new to it, and then the grace runs from this
-    /// loss (`until`) if that is later. A key of the ring before this
-    /// step came in doubt only now, with its second holder (seed 89: a
-    /// grace counted from the first loss took a key from its best copy
-    /// 5 s after its current holder, stopped, was lost — and 25 ms before
-    /// that holder came back with the count).
-    fn lose(&mut self, gone: &[(Arc<str>, u64)], until: Nanos) {
-        let mut step = false;
-        for g in gone {
-            if !self.gone.iter().any(|(id, _)| *id == g.0) {
-                self.gone.push(g.clone());
-            }
-            if !self.lost.iter().any(|(id, _)| *id == g.0) && self.lost.len() < MAX_TOMBSTONES {
-                if !step {
-                    self.cuts.push(self.lost.len());
-                    self.until = self.until.max(until);
-                    step = true;
-                }
-                self.lost.push(g.clone());
-            }
-        }
-    }
-
-    /// Whether `k` (owned by this node now) is in doubt under this
-    /// region: in a ring the region went through — `previous`, then
-    /// `previous` without each loss in turn — its owner and that owner's
-    /// replica holder are both gone now (so this node was neither).
-    ///
-    /// Every ring of the chain, not only the first: a key decided after
-    /// the first loss had its holders in the ring after it (simulator
-    /// seed 89: the owner went on deciding with a new replica holder when
-    /// its first one was buried; the owner and the new holder went; the
-    /// first holder came back with its copy from before — of the first
-    /// ring's holders one was back, and it answered from that copy).
-    fn covers(&self, k: &[u8]) -> bool {
-        // This node is never among the gone of a region it opened; of an
-        // adopted one, only as an older generation (another process).
-        let gone = |m: &Member| self.gone.iter().any(|(id, _)| *id == m.node_id);
-        self.cuts.iter().any(|&cut| {
-            let left = &self.lost[..cut];
-            let (owner, holder) = self
-                .previous
-                .holders_without(k, |m| left.iter().any(|(id, _)| *id == m.node_id));
-            owner.is_some_and(gone) && holder.is_none_or(gone)
-        })
-    }
-
-    /// Whether any key can be in doubt under it: an owner and its replica
-    /// holder are two members, both gone (or the ring had one member).
-    fn can_cover(&self) -> bool {
-        self.gone.len() >= 2 || self.previous.members().len() <= 1
-    }
-
-    fn counted(&self) -> u64 {
-        (self.keys.len() as u64).saturating_add(self.overflow)
-    }
-}
+#[path = "doubt_region.rs"]
+mod region;
+use region::Region;
 
 /// What a region's end came to, for the metrics.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -296,10 +182,9 @@ impl Doubts {
             .collect();
         let mut ended = Ended::default();
         let mut regions = self.regions();
-        let until = now.saturating_add(self.grace);
         for r in regions.iter_mut() {
             r.gone.retain(|(id, generation)| !is_live(id, *generation));
-            r.lose(&gone, until);
+            r.lose(&gone, now);
             // A holder back leaves one member gone: no key is in doubt
             // under it now, and none decided in doubt was taken from a
             // best copy (it comes with the transfer).
@@ -321,7 +206,7 @@ impl Doubts {
         sorted.sort();
         let ended_before = Self::was_done(&self.done(), &sorted);
         if !gone.is_empty() && !known && !ended_before {
-            regions.push(Region::new(c.previous.clone(), gone, until));
+            regions.push(Region::new(c.previous.clone(), gone, now, self.grace));
         }
         while regions.len() > MAX_REGIONS {
             let r = regions.remove(0);
@@ -357,12 +242,7 @@ impl Doubts {
                 // In the order lost, those back since included (an
                 // adopter rebuilds the rings between the losses from it,
                 // and leaves out whom it hears as that process).
-                gone: r
-                    .lost
-                    .iter()
-                    .chain(r.gone.iter().filter(|g| !r.lost.contains(g)))
-                    .cloned()
-                    .collect(),
+                gone: r.published_losses(),
                 remaining: std::time::Duration::from_nanos(r.until.saturating_sub(now)),
             })
             .collect()
@@ -419,7 +299,7 @@ impl Doubts {
                 |(id, g): &(Arc<str>, u64)| live.iter().any(|m| m.was(id, *g) && *g < m.generation);
             let mut lost: Vec<(Arc<str>, u64)> = Vec::new();
             for g in p.gone.iter().filter(|(id, g)| !(&**id == me && *g >= born)) {
-                if (!is_live(g) || back(g)) && !lost.contains(g) {
+                if (!is_live(g) || back(g)) && !lost.iter().any(|(id, _)| *id == g.0) {
                     lost.push(g.clone());
                 }
             }
@@ -461,8 +341,9 @@ impl Doubts {
             regions.push(Region::adopted(
                 Arc::new(Ring::new(previous)),
                 gone,
-                lost,
+                &lost,
                 until,
+                self.grace,
             ));
             count += 1;
         }
@@ -485,7 +366,7 @@ impl Doubts {
         let mut doubt = false;
         let mut hash = None;
         for r in regions.iter_mut() {
-            if r.can_cover() && r.covers(k) {
+            if r.can_cover() && r.covers(k, now) {
                 doubt = true;
                 let h = *hash.get_or_insert_with(|| key_hash(k));
                 if !r.keys.contains(&h) {

@@ -544,3 +544,35 @@ fn a_later_loss_restarts_the_grace() {
     );
     assert!(!d.in_doubt(&k, 18 * S, &mut ended));
 }
+
+/// A key's doubt runs the grace from its second holder's loss: a later
+/// loss that is none of its holders (a member of the ring, or one that
+/// joined after it) keeps the region open for its own keys, not this
+/// one's. And a region names each member once.
+#[test]
+fn an_unrelated_loss_does_not_lengthen_a_keys_doubt() {
+    let d = Doubts::new(10 * S);
+    let v0 = ring(&["a", "b", "c", "d", "e"]);
+    let k = key_of(&v0, "a", "b");
+    change(&d, "e", &v0, &live(&["c", "d"]), S);
+    let mut ended = Ended::default();
+    assert!(d.in_doubt(&k, 10 * S, &mut ended));
+    // c is lost at 6 s, and j (joined after v0) at 7 s.
+    change(&d, "e", &ring(&["c", "d", "e"]), &live(&["d"]), 6 * S);
+    change(&d, "e", &ring(&["d", "e", "j"]), &live(&["d"]), 7 * S);
+    assert!(!d.in_doubt(&k, 11 * S, &mut ended), "10 s from b's loss");
+    // c and j are gone (each once), a and b too: the region goes on.
+    let word = d.published(11 * S);
+    let named: Vec<&str> = word
+        .iter()
+        .flat_map(|p| p.gone.iter().map(|(id, _)| &**id))
+        .collect();
+    assert!(named.contains(&"c") && named.contains(&"j"), "{named:?}");
+    for p in &word {
+        let mut ids: Vec<&str> = p.gone.iter().map(|(id, _)| &**id).collect();
+        ids.sort();
+        let n = ids.len();
+        ids.dedup();
+        assert_eq!(ids.len(), n, "one entry per id: {:?}", p.gone);
+    }
+}

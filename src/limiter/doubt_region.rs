@@ -1,0 +1,208 @@
+//! One region of doubt: a fault that took members away, the rings its keys
+//! were decided in while it unfolded, and when each key's doubt ends.
+//!
+//! A fault rarely takes its members in one view: an owner's replica holder
+//! is buried, the owner goes on deciding with a new holder, then the owner
+//! and that holder go. Each key's holders of record are those of the last
+//! ring it was decided in, so a region reads every ring it went through —
+//! the ring before its first loss (`previous`), then that ring without each
+//! later loss in turn. Positions depend on node ids alone, so those rings
+//! are `previous` with members skipped (`Ring::holders_without`), never
+//! rebuilt. A key is in doubt when, in any of them, its owner and replica
+//! holder are both gone now; its doubt runs for the grace from the later
+//! of their two losses (the key came in doubt with its second holder, not
+//! with the region's first loss — simulator seed 89).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use crate::algorithm::Nanos;
+use crate::cluster::membership::view::MAX_TOMBSTONES;
+use crate::cluster::ring::Ring;
+
+/// One loss of the region: when it came, and how many members of
+/// `previous` the ring before it still had.
+#[derive(Debug)]
+struct Step {
+    at: Nanos,
+    left: usize,
+}
+
+/// One change that took members away.
+#[derive(Debug)]
+pub(super) struct Region {
+    /// The ring before the change: whose keys were where.
+    pub(super) previous: Arc<Ring>,
+    /// The members of `previous` gone since, by id and generation (one
+    /// entry per id) — those of the change, and any lost later within the
+    /// grace (an owner lost in one view and its replica holder in the next
+    /// are a pair).
+    pub(super) gone: Vec<(Arc<str>, u64)>,
+    /// The members of `previous` the region lost, back since or not, in
+    /// the order lost (one entry per id): what it publishes.
+    pub(super) lost: Vec<(Arc<str>, u64)>,
+    /// Per member of `previous` (by its index there): the step it was
+    /// lost in.
+    step_of: Vec<Option<u16>>,
+    steps: Vec<Step>,
+    /// When the grace of the latest loss ends: the region ends.
+    pub(super) until: Nanos,
+    grace: Nanos,
+    /// Keys decided in doubt under this region (hashed: a key's bytes are
+    /// the caller's, up to `max_key_bytes`).
+    pub(super) keys: HashSet<u64>,
+    /// More keys than [`super::MAX_COUNTED`] were decided in doubt.
+    pub(super) overflow: u64,
+}
+
+impl Region {
+    /// A region opened here at `now` by the loss of `gone` (members of
+    /// `previous`).
+    pub(super) fn new(
+        previous: Arc<Ring>,
+        gone: Vec<(Arc<str>, u64)>,
+        now: Nanos,
+        grace: Nanos,
+    ) -> Region {
+        let mut r = Region {
+            step_of: vec![None; previous.members().len()],
+            previous,
+            gone: Vec::new(),
+            lost: Vec::new(),
+            steps: Vec::new(),
+            until: now.saturating_add(grace),
+            grace,
+            keys: HashSet::new(),
+            overflow: 0,
+        };
+        r.lose(&gone, now);
+        r
+    }
+
+    /// A region as a peer published it, ending at `until`: `lost` in the
+    /// order lost (those back since included), `gone` those of them not
+    /// heard here. The steps between its losses are not sent, so each loss
+    /// is a step of its own (more rings only put more keys in doubt, never
+    /// fewer), all as old as the time left says.
+    pub(super) fn adopted(
+        previous: Arc<Ring>,
+        gone: Vec<(Arc<str>, u64)>,
+        lost: &[(Arc<str>, u64)],
+        until: Nanos,
+        grace: Nanos,
+    ) -> Region {
+        let at = until.saturating_sub(grace);
+        let mut r = Region::new(previous, Vec::new(), at, grace);
+        for l in lost {
+            r.lose(std::slice::from_ref(l), at);
+        }
+        r.gone = gone;
+        r.until = until;
+        r
+    }
+
+    /// Members lost at `now` join the region. Those of `previous` not lost
+    /// before are a step (a ring of the chain begins before it), and the
+    /// region lasts the grace from it; a member that joined after
+    /// `previous` was in none of its rings, and changes none.
+    pub(super) fn lose(&mut self, gone: &[(Arc<str>, u64)], now: Nanos) {
+        let mut step: Option<u16> = None;
+        for g in gone {
+            if !self.gone.iter().any(|(id, _)| *id == g.0) {
+                self.gone.push(g.clone());
+            }
+            let Some(i) = self.index(&g.0) else {
+                continue;
+            };
+            if self.step_of[i].is_some() || self.steps.len() >= usize::from(u16::MAX) {
+                continue;
+            }
+            let s = *step.get_or_insert_with(|| {
+                let left = self.step_of.iter().filter(|s| s.is_none()).count();
+                self.steps.push(Step { at: now, left });
+                (self.steps.len() - 1) as u16
+            });
+            self.step_of[i] = Some(s);
+            self.lost.push(g.clone());
+        }
+        if step.is_some() {
+            self.until = self.until.max(now.saturating_add(self.grace));
+        }
+    }
+
+    fn index(&self, id: &str) -> Option<usize> {
+        self.previous
+            .members()
+            .binary_search_by(|m| (*m.node_id).cmp(id))
+            .ok()
+    }
+
+    /// Whether `k` (owned by this node now) is in doubt under this region
+    /// at `now`: in a ring of the chain its owner and that owner's replica
+    /// holder are both gone (so this node was neither), and the grace from
+    /// the later of their losses has not passed.
+    pub(super) fn covers(&self, k: &[u8], now: Nanos) -> bool {
+        let members = self.previous.members();
+        // This node is never among the gone of a region it opened; of an
+        // adopted one, only as an older generation (another process).
+        let gone = |i: usize| self.gone.iter().any(|(id, _)| *id == members[i].node_id);
+        let lost_at = |i: usize| self.step_of[i].map_or(0, |s| self.steps[usize::from(s)].at);
+        (0..self.steps.len()).any(|s| {
+            // The ring before step `s`: without the members lost before it.
+            let skipped = |i: usize| self.step_of[i].is_some_and(|t| usize::from(t) < s);
+            let (owner, holder) = match self.steps[s].left {
+                0 => return false,
+                // One member left: it owns every key, and has no successor
+                // (no walk over the whole ring for it).
+                1 => ((0..members.len()).find(|&i| !skipped(i)), None),
+                _ => self.previous.holders_without(k, skipped),
+            };
+            let Some(owner) = owner else {
+                return false;
+            };
+            if !gone(owner) || holder.is_some_and(|h| !gone(h)) {
+                return false;
+            }
+            let from = lost_at(owner).max(holder.map_or(0, lost_at));
+            from.saturating_add(self.grace) > now
+        })
+    }
+
+    /// Whether any key can be in doubt under it: an owner and its replica
+    /// holder are two members, both gone (or the ring had one member).
+    pub(super) fn can_cover(&self) -> bool {
+        self.gone.len() >= 2 || self.previous.members().len() <= 1
+    }
+
+    pub(super) fn counted(&self) -> u64 {
+        (self.keys.len() as u64).saturating_add(self.overflow)
+    }
+
+    /// What this region publishes: the members it lost in the order lost
+    /// (at the generation still gone, if gone), then those gone that
+    /// joined after `previous`; one entry per id, at most
+    /// [`MAX_TOMBSTONES`], members back since left out first.
+    pub(super) fn published_losses(&self) -> Vec<(Arc<str>, u64)> {
+        let is_gone = |id: &Arc<str>| self.gone.iter().find(|(g, _)| g == id);
+        let mut list: Vec<(Arc<str>, u64)> = self
+            .lost
+            .iter()
+            .map(|l| is_gone(&l.0).cloned().unwrap_or_else(|| l.clone()))
+            .chain(
+                self.gone
+                    .iter()
+                    .filter(|(id, _)| !self.lost.iter().any(|(l, _)| l == id))
+                    .cloned(),
+            )
+            .collect();
+        while list.len() > MAX_TOMBSTONES {
+            match list.iter().rposition(|(id, _)| is_gone(id).is_none()) {
+                Some(p) => {
+                    list.remove(p);
+                }
+                None => list.truncate(MAX_TOMBSTONES),
+            }
+        }
+        list
+    }
+}
