@@ -20,14 +20,6 @@ use crate::algorithm::Nanos;
 use crate::cluster::membership::view::MAX_TOMBSTONES;
 use crate::cluster::ring::Ring;
 
-/// One loss of the region: when it came, and how many members of
-/// `previous` the ring before it still had.
-#[derive(Debug)]
-struct Step {
-    at: Nanos,
-    left: usize,
-}
-
 /// One change that took members away.
 #[derive(Debug)]
 pub(super) struct Region {
@@ -42,9 +34,13 @@ pub(super) struct Region {
     /// the order lost (one entry per id): what it publishes.
     pub(super) lost: Vec<(Arc<str>, u64)>,
     /// Per member of `previous` (by its index there): the step it was
-    /// lost in.
+    /// first lost in (the chain's shape), and when it was lost last (a
+    /// member back and lost again puts its keys in doubt anew).
     step_of: Vec<Option<u16>>,
-    steps: Vec<Step>,
+    lost_at: Vec<Nanos>,
+    /// Per step (a loss of members of `previous` not lost before): how
+    /// many members of `previous` the ring before it still had.
+    steps: Vec<usize>,
     /// When the grace of the latest loss ends: the region ends.
     pub(super) until: Nanos,
     grace: Nanos,
@@ -66,6 +62,7 @@ impl Region {
     ) -> Region {
         let mut r = Region {
             step_of: vec![None; previous.members().len()],
+            lost_at: vec![0; previous.members().len()],
             previous,
             gone: Vec::new(),
             lost: Vec::new(),
@@ -102,31 +99,34 @@ impl Region {
     }
 
     /// Members lost at `now` join the region. Those of `previous` not lost
-    /// before are a step (a ring of the chain begins before it), and the
-    /// region lasts the grace from it; a member that joined after
-    /// `previous` was in none of its rings, and changes none.
+    /// before are a step (a ring of the chain begins before it); the
+    /// region lasts the grace from any loss of a member of `previous` (one
+    /// back and lost again too); a member that joined after `previous` was
+    /// in none of its rings, and changes none.
     pub(super) fn lose(&mut self, gone: &[(Arc<str>, u64)], now: Nanos) {
         let mut step: Option<u16> = None;
         for g in gone {
-            if !self.gone.iter().any(|(id, _)| *id == g.0) {
+            let newly = !self.gone.iter().any(|(id, _)| *id == g.0);
+            if newly {
                 self.gone.push(g.clone());
             }
             let Some(i) = self.index(&g.0) else {
                 continue;
             };
+            if newly {
+                self.lost_at[i] = now;
+                self.until = self.until.max(now.saturating_add(self.grace));
+            }
             if self.step_of[i].is_some() || self.steps.len() >= usize::from(u16::MAX) {
                 continue;
             }
             let s = *step.get_or_insert_with(|| {
                 let left = self.step_of.iter().filter(|s| s.is_none()).count();
-                self.steps.push(Step { at: now, left });
+                self.steps.push(left);
                 (self.steps.len() - 1) as u16
             });
             self.step_of[i] = Some(s);
             self.lost.push(g.clone());
-        }
-        if step.is_some() {
-            self.until = self.until.max(now.saturating_add(self.grace));
         }
     }
 
@@ -146,11 +146,11 @@ impl Region {
         // This node is never among the gone of a region it opened; of an
         // adopted one, only as an older generation (another process).
         let gone = |i: usize| self.gone.iter().any(|(id, _)| *id == members[i].node_id);
-        let lost_at = |i: usize| self.step_of[i].map_or(0, |s| self.steps[usize::from(s)].at);
+        let lost_at = |i: usize| self.lost_at[i];
         (0..self.steps.len()).any(|s| {
             // The ring before step `s`: without the members lost before it.
             let skipped = |i: usize| self.step_of[i].is_some_and(|t| usize::from(t) < s);
-            let (owner, holder) = match self.steps[s].left {
+            let (owner, holder) = match self.steps[s] {
                 0 => return false,
                 // One member left: it owns every key, and has no successor
                 // (no walk over the whole ring for it).

@@ -576,3 +576,43 @@ fn an_unrelated_loss_does_not_lengthen_a_keys_doubt() {
         assert_eq!(ids.len(), n, "one entry per id: {:?}", p.gone);
     }
 }
+
+/// A holder back and lost again puts its keys in doubt anew: the grace
+/// runs from its last loss.
+#[test]
+fn a_holder_lost_again_restarts_its_keys_grace() {
+    let d = Doubts::new(10 * S);
+    let v0 = ring(&["a", "b", "c", "d", "e"]);
+    let k = key_where(&v0, "a", "b", |k| {
+        &*ring(&["c", "d", "e"]).owner(k).unwrap().node_id == "e"
+    });
+    change(&d, "e", &v0, &live(&["b", "c", "d"]), S);
+    change(
+        &d,
+        "e",
+        &ring(&["b", "c", "d", "e"]),
+        &live(&["c", "d"]),
+        3 * S,
+    );
+    let mut ended = Ended::default();
+    assert!(d.in_doubt(&k, 4 * S, &mut ended));
+    // a is back (the same process, rejoined), then lost again at 9 s.
+    let a_back = [heard("a", 1, 2), heard("c", 1, 1), heard("d", 1, 1)];
+    change(&d, "e", &ring(&["c", "d", "e"]), &a_back, 5 * S);
+    assert!(
+        !d.in_doubt(&k, 6 * S, &mut ended),
+        "a holder of record is back"
+    );
+    let with_a = Arc::new(Ring::new([
+        member("a", 2),
+        member("c", 1),
+        member("d", 1),
+        member("e", 1),
+    ]));
+    change(&d, "e", &with_a, &live(&["c", "d"]), 9 * S);
+    assert!(
+        d.in_doubt(&k, 18 * S, &mut ended),
+        "10 s from a's last loss"
+    );
+    assert!(!d.in_doubt(&k, 19 * S, &mut ended));
+}
