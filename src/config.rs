@@ -186,6 +186,14 @@ pub struct ClusterConfig {
     /// 1: a node with seeds that reaches no one starts alone (today's
     /// single-node DaemonSet on a one-node Kubernetes cluster needs it).
     pub bootstrap_expect: usize,
+    /// This node's failure domain (a zone, a rack): a key's replica is
+    /// kept in another zone than its owner's whenever the ring spans two
+    /// or more, so losing a whole zone at once loses no count beyond the
+    /// replication lag. It takes effect once every member names one (a
+    /// node naming none, or of a release before zones, keeps placement
+    /// zone-blind for all). In Kubernetes: `deploy/` runs one DaemonSet
+    /// per zone, each setting `SLUICE_CLUSTER__ZONE`.
+    pub zone: Option<String>,
     /// The shared secret: gossip datagrams and peer calls carry an HMAC over
     /// it. Prefer `secret_file` (or `SLUICE_CLUSTER__SECRET`) to a literal.
     pub secret: Option<String>,
@@ -307,6 +315,7 @@ impl Default for ClusterConfig {
             advertise_host: None,
             seeds: Vec::new(),
             bootstrap_expect: 2,
+            zone: None,
             secret: None,
             secret_file: None,
             generation: None,

@@ -28,6 +28,7 @@ async fn start(id: &str, generation: u64, seeds: &[String], secret: &[u8]) -> (M
         gossip_advertise: addr,
         seeds: seeds.to_vec(),
         bootstrap_expect: 2,
+        zone: String::new(),
         secret: Secret::new(Some(secret)),
         gossip_interval: Duration::from_millis(100),
         phi_threshold: 8.0,

@@ -11,6 +11,13 @@
 //!
 //! Golden vectors in the tests freeze the mapping.
 //!
+//! The replica holder is the next distinct member after the owner — in
+//! another zone than the owner's when the ring spans zones: every member
+//! names one (`cluster.zone`) and there are two or more. A member that
+//! names none (unset, or a previous release that knows no zones) turns
+//! placement back to the plain successor for the whole ring, so every
+//! node, of either release, computes the same holder.
+//!
 //! Why not the `hashring` crate: not its hashing — its positions *could*
 //! match these (any `BuildHasher`, e.g. xxhash-rust's `Xxh3Builder`, and a
 //! `Hash` impl that writes exactly the frozen bytes). What it lacks is what
@@ -30,7 +37,7 @@ use xxhash_rust::xxh3::xxh3_64;
 pub const VNODES: u32 = 4_096;
 
 /// A ready member as the ring sees it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Member {
     /// A stable name (not an address that changes on restart).
     pub node_id: Arc<str>,
@@ -40,6 +47,8 @@ pub struct Member {
     pub grpc_addr: String,
     /// The peer protocol it speaks (not part of any position).
     pub protocol: u32,
+    /// Its failure domain (`cluster.zone`); empty: none named.
+    pub zone: Arc<str>,
 }
 
 /// An immutable ring over a set of ready members; rebuilt on every change.
@@ -49,6 +58,11 @@ pub struct Ring {
     points: Vec<(u64, u32)>,
     /// Sorted by node id; one per node id.
     members: Vec<Member>,
+    /// Per member, its zone as a number (equal numbers, equal zones); `None`
+    /// when some member names no zone: placement ignores zones.
+    zones: Option<Vec<u32>>,
+    /// `zones` holds two or more zones: holders are placed by them.
+    spans_zones: bool,
     epoch: u64,
 }
 
@@ -114,9 +128,23 @@ impl Ring {
         // resolve by node id, the same on every node.
         points.sort_unstable();
         let epoch = epoch_of(&members);
+        let zones = members.iter().all(|m| !m.zone.is_empty()).then(|| {
+            let mut names: Vec<&str> = members.iter().map(|m| &*m.zone).collect();
+            names.sort_unstable();
+            names.dedup();
+            members
+                .iter()
+                .map(|m| names.binary_search(&&*m.zone).unwrap_or(0) as u32)
+                .collect()
+        });
+        let spans_zones = zones
+            .as_ref()
+            .is_some_and(|z: &Vec<u32>| z.iter().any(|&n| n != z[0]));
         Ring {
             points,
             members,
+            zones,
+            spans_zones,
             epoch,
         }
     }
@@ -127,6 +155,11 @@ impl Ring {
 
     pub fn members(&self) -> &[Member] {
         &self.members
+    }
+
+    /// Whether replicas are placed in another zone than their owner's.
+    pub fn spans_zones(&self) -> bool {
+        self.spans_zones
     }
 
     pub fn is_empty(&self) -> bool {
@@ -157,17 +190,29 @@ impl Ring {
         Some(&self.members[idx as usize])
     }
 
-    /// The next distinct member after the owner (the key's replica holder).
+    /// Whether the replica holder must be in another zone than the owner
+    /// in this ring without the members `skip` names: every member named
+    /// a zone, and two or more are left.
+    fn zoned_without(&self, skip: &impl Fn(usize) -> bool) -> Option<&[u32]> {
+        let zones = self.zones.as_deref()?;
+        let mut left = (0..zones.len()).filter(|&i| !skip(i)).map(|i| zones[i]);
+        let first = left.next()?;
+        left.any(|z| z != first).then_some(zones)
+    }
+
+    /// The key's replica holder: the next distinct member after the owner,
+    /// in another zone when the ring spans zones (module docs).
     pub fn successor(&self, key: &[u8]) -> Option<&Member> {
         if self.members.len() < 2 {
             return None;
         }
         let start = self.point_at(key_position(key));
-        let owner = self.points[start].1;
+        let owner = self.points[start].1 as usize;
+        let zones = self.zones.as_deref().filter(|_| self.spans_zones);
         (1..self.points.len())
-            .map(|k| self.points[(start + k) % self.points.len()].1)
-            .find(|&idx| idx != owner)
-            .map(|idx| &self.members[idx as usize])
+            .map(|k| self.points[(start + k) % self.points.len()].1 as usize)
+            .find(|&idx| idx != owner && zones.is_none_or(|z| z[idx] != z[owner]))
+            .map(|idx| &self.members[idx])
     }
 
     /// The owner and replica holder `key` had in this ring without the
@@ -176,6 +221,7 @@ impl Ring {
     /// alone, so removing members never moves the others), as indices.
     /// Walks the points from the key's: with fewer than two members left
     /// unskipped, all of them (the caller knows when and need not ask).
+    /// The holder is placed by zones as that smaller ring would place it.
     pub fn holders_without(
         &self,
         key: &[u8],
@@ -184,6 +230,7 @@ impl Ring {
         if self.points.is_empty() {
             return (None, None);
         }
+        let zones = self.zoned_without(&skip);
         let start = self.point_at(key_position(key));
         let mut owner: Option<usize> = None;
         for k in 0..self.points.len() {
@@ -193,6 +240,7 @@ impl Ring {
             }
             match owner {
                 None => owner = Some(idx),
+                Some(o) if zones.is_some_and(|z| z[idx] == z[o]) => {}
                 Some(o) => return (Some(o), Some(idx)),
             }
         }
@@ -237,6 +285,16 @@ mod tests {
             generation: 1,
             grpc_addr: format!("{id}:8081"),
             protocol: crate::proto::PEER_PROTOCOL_VERSION,
+            zone: Arc::from(""),
+        }
+    }
+
+    /// `id` in zone `zone` ("a@z1").
+    fn zoned(spec: &str) -> Member {
+        let (id, zone) = spec.split_once('@').unwrap_or((spec, ""));
+        Member {
+            zone: Arc::from(zone),
+            ..member(id)
         }
     }
 
@@ -298,33 +356,76 @@ mod tests {
     }
 
     /// A ring without some members, read from the full ring, is the ring
-    /// built without them (the regions of doubt read earlier rings so).
+    /// built without them (the regions of doubt read earlier rings so),
+    /// zones or not: a smaller ring may span one zone only.
     #[test]
     fn holders_without_members_are_those_of_the_smaller_ring() {
-        let full = ring(&["a", "b", "c", "d", "e"]);
-        let id = |m: Option<&Member>| m.map(|m| m.node_id.to_string());
-        let at = |i: Option<usize>| i.map(|i| full.members()[i].node_id.to_string());
-        for skip in [
-            &[][..],
-            &["c"][..],
-            &["a", "d"][..],
-            &["a", "b", "c", "d"][..],
+        for specs in [
+            ["a", "b", "c", "d", "e"],
+            ["a@z1", "b@z2", "c@z1", "d@z2", "e@z2"],
+            ["a@z1", "b@z1", "c@z2", "d@z3", "e@z3"],
         ] {
-            let rest: Vec<&str> = ["a", "b", "c", "d", "e"]
-                .into_iter()
-                .filter(|i| !skip.contains(i))
-                .collect();
-            let small = ring(&rest);
-            for i in 0..2_000 {
-                let k = key::encode("n", &i.to_string());
-                let (owner, holder) =
-                    full.holders_without(&k, |m| skip.contains(&&*full.members()[m].node_id));
-                assert_eq!(at(owner), id(small.owner(&k)), "{skip:?} {i}");
-                assert_eq!(at(holder), id(small.successor(&k)), "{skip:?} {i}");
+            let full = Ring::new(specs.iter().map(|s| zoned(s)));
+            let id = |m: Option<&Member>| m.map(|m| m.node_id.to_string());
+            let at = |i: Option<usize>| i.map(|i| full.members()[i].node_id.to_string());
+            for skip in [
+                &[][..],
+                &["c"][..],
+                &["a", "d"][..],
+                &["a", "c"][..],
+                &["a", "b", "c", "d"][..],
+            ] {
+                let rest = specs.iter().filter(|s| !skip.contains(&&s[..1]));
+                let small = Ring::new(rest.map(|s| zoned(s)));
+                for i in 0..2_000 {
+                    let k = key::encode("n", &i.to_string());
+                    let (owner, holder) =
+                        full.holders_without(&k, |m| skip.contains(&&*full.members()[m].node_id));
+                    assert_eq!(at(owner), id(small.owner(&k)), "{specs:?} {skip:?} {i}");
+                    assert_eq!(
+                        at(holder),
+                        id(small.successor(&k)),
+                        "{specs:?} {skip:?} {i}"
+                    );
+                }
             }
+            let all = full.holders_without(b"k", |_| true);
+            assert!(all.0.is_none() && all.1.is_none());
         }
-        let all = full.holders_without(b"k", |_| true);
-        assert!(all.0.is_none() && all.1.is_none());
+    }
+
+    /// With zones the replica holder is in another zone than the owner,
+    /// whenever the ring has one; the owner is where it always was. One
+    /// zone only, or a member naming none: the plain successor.
+    #[test]
+    fn a_replica_goes_to_another_zone_whenever_one_exists() {
+        let plain = ring(&["a", "b", "c", "d", "e", "f"]);
+        let zones = ["a@z1", "b@z1", "c@z2", "d@z2", "e@z3", "f@z3"];
+        let three = Ring::new(zones.iter().map(|s| zoned(s)));
+        let one = Ring::new(["a", "b", "c", "d", "e", "f"].map(|i| zoned(&format!("{i}@z"))));
+        let mut unnamed = zones.map(zoned);
+        unnamed[4].zone = Arc::from("");
+        let unnamed = Ring::new(unnamed);
+        let mut moved = 0;
+        for i in 0..5_000 {
+            let k = key::encode("n", &i.to_string());
+            let owner = three.owner(&k).unwrap();
+            let holder = three.successor(&k).unwrap();
+            assert_eq!(owner.node_id, plain.owner(&k).unwrap().node_id);
+            assert_ne!(owner.zone, holder.zone, "key {i}");
+            let plain_holder = &plain.successor(&k).unwrap().node_id;
+            moved += usize::from(holder.node_id != *plain_holder);
+            assert_eq!(one.successor(&k).unwrap().node_id, *plain_holder);
+            assert_eq!(unnamed.successor(&k).unwrap().node_id, *plain_holder);
+        }
+        // Two members per zone: the plain successor shares the owner's
+        // zone about a fifth of the time.
+        assert!((500..2_000).contains(&moved), "{moved} of 5,000 moved");
+        assert_eq!(
+            three.epoch(),
+            plain.epoch(),
+            "zones are no part of the epoch"
+        );
     }
 
     #[test]

@@ -133,6 +133,14 @@ fn errors_name_the_key() {
             "node_id: at most 253 bytes (got 254)",
         ),
         (
+            "[cluster]\nzone = \"eu west\"\n",
+            "cluster.zone: 1 to 63 printable ASCII characters without spaces (got \"eu west\")",
+        ),
+        (
+            &*format!("[cluster]\nzone = \"{}\"\n", "z".repeat(64)),
+            "cluster.zone: 1 to 63",
+        ),
+        (
             "[cluster]\ndead_grace = \"30days\"\n",
             "cluster.dead_grace: at most 7days",
         ),

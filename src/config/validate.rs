@@ -9,6 +9,9 @@ use super::*;
 /// The longest node id (bytes): a Kubernetes node name, at most 253.
 pub const MAX_NODE_ID: usize = 253;
 
+/// The longest zone name (bytes): a Kubernetes label value, at most 63.
+pub const MAX_ZONE: usize = 63;
+
 impl Config {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         let l = &self.limits;
@@ -192,6 +195,15 @@ impl Config {
         if c.bootstrap_expect > MAX_BOOTSTRAP_EXPECT {
             return Err(ConfigError(format!(
                 "cluster.bootstrap_expect: at most {MAX_BOOTSTRAP_EXPECT} (the nodes a brand-new cluster waits to see; a majority of the planned fleet is enough)"
+            )));
+        }
+        if let Some(zone) = &c.zone
+            && (zone.is_empty()
+                || zone.len() > MAX_ZONE
+                || !zone.bytes().all(|b| b.is_ascii_graphic()))
+        {
+            return Err(ConfigError(format!(
+                "cluster.zone: 1 to {MAX_ZONE} printable ASCII characters without spaces (got {zone:?})"
             )));
         }
         let secret = c.secret_bytes()?;

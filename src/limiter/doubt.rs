@@ -243,6 +243,7 @@ impl Doubts {
                 // adopter rebuilds the rings between the losses from it,
                 // and leaves out whom it hears as that process).
                 gone: r.published_losses(),
+                zones: r.zones_of_losses(),
                 remaining: std::time::Duration::from_nanos(r.until.saturating_sub(now)),
             })
             .collect()
@@ -333,8 +334,8 @@ impl Doubts {
                 .chain(lost.iter().map(|(id, g)| Member {
                     node_id: id.clone(),
                     generation: *g,
-                    grpc_addr: String::new(),
-                    protocol: 0,
+                    zone: p.zone_of(id),
+                    ..Member::default()
                 }));
             let remaining = (p.remaining.as_nanos().min(u64::MAX as u128) as u64).min(self.grace);
             let until = now.saturating_add(remaining);

@@ -178,6 +178,16 @@ impl Region {
         (self.keys.len() as u64).saturating_add(self.overflow)
     }
 
+    /// The zones of the members it publishes that named one, by id.
+    pub(super) fn zones_of_losses(&self) -> Vec<(Arc<str>, Arc<str>)> {
+        self.lost
+            .iter()
+            .filter_map(|(id, _)| self.previous.member(id))
+            .filter(|m| !m.zone.is_empty())
+            .map(|m| (m.node_id.clone(), m.zone.clone()))
+            .collect()
+    }
+
     /// What this region publishes: the members it lost in the order lost
     /// (at the generation still gone, if gone), then those gone that
     /// joined after `previous`; one entry per id, at most

@@ -11,6 +11,7 @@ fn member(id: &str, generation: u64) -> Member {
         generation,
         grpc_addr: String::new(),
         protocol: crate::proto::PEER_PROTOCOL_VERSION,
+        zone: Arc::from(""),
     }
 }
 
@@ -52,6 +53,7 @@ fn live(ids: &[&str]) -> Vec<Heard> {
 fn word_of(gone: &[(&str, u64)], secs: u64) -> Vec<PublishedDoubt> {
     vec![PublishedDoubt {
         gone: gone.iter().map(|(id, g)| (Arc::from(*id), *g)).collect(),
+        zones: Vec::new(),
         remaining: std::time::Duration::from_secs(secs),
     }]
 }
@@ -615,4 +617,71 @@ fn a_holder_lost_again_restarts_its_keys_grace() {
         "10 s from a's last loss"
     );
     assert!(!d.in_doubt(&k, 19 * S, &mut ended));
+}
+
+/// Six members in three zones of two: "a@z1" is a in zone z1.
+fn zoned_ring(specs: &[&str]) -> Arc<Ring> {
+    Arc::new(Ring::new(specs.iter().map(|s| {
+        let (id, zone) = s.split_once('@').unwrap_or((s, ""));
+        Member {
+            zone: Arc::from(zone),
+            ..member(id, 1)
+        }
+    })))
+}
+
+/// A whole zone lost at once: with replicas in another zone no key lost
+/// both its holders, and none is in doubt — here and at a node that
+/// adopts the region's word (the word carries the zones, so the adopter
+/// rebuilds the ring that placed them). Zone-blind, the same loss puts
+/// the keys the zone both owned and held in doubt.
+#[test]
+fn a_zone_lost_at_once_puts_no_key_in_doubt_when_replicas_span_zones() {
+    let specs = ["a@z1", "b@z1", "c@z2", "d@z2", "e@z3", "f@z3"];
+    let zoned = zoned_ring(&specs);
+    let blind = ring(&["a", "b", "c", "d", "e", "f"]);
+    let keys: Vec<Vec<u8>> = (0..3_000).map(|i| format!("k{i}").into_bytes()).collect();
+    let lost_zone = |k: &Vec<u8>, r: &Ring| {
+        let (o, h) = (r.owner(k).unwrap(), r.successor(k).unwrap());
+        [&*o.node_id, &*h.node_id]
+            .iter()
+            .all(|id| ["c", "d"].contains(id))
+    };
+    assert!(keys.iter().all(|k| !lost_zone(k, &zoned)));
+    let both_in_zone: Vec<&Vec<u8>> = keys.iter().filter(|k| lost_zone(k, &blind)).collect();
+    assert!(both_in_zone.len() > 100, "{}", both_in_zone.len());
+
+    let mut ended = Ended::default();
+    let here = Doubts::new(10 * S);
+    change(&here, "a", &zoned, &live(&["b", "e", "f"]), S);
+    assert!(keys.iter().all(|k| !here.in_doubt(k, 2 * S, &mut ended)));
+    let word = here.published(S);
+    assert_eq!(word.len(), 1, "the region is published all the same");
+    assert_eq!(&*word[0].zone_of("c"), "z2");
+
+    // g joins after the loss and adopts the word.
+    let now: Arc<Ring> = zoned_ring(&["a@z1", "b@z1", "e@z3", "f@z3", "g@z2"]);
+    let hears = live(&["a", "b", "e", "f"]);
+    let g = Doubts::new(10 * S);
+    assert_eq!(g.adopt(&word, &now, &hears, &heard("g", 1, 1), S), 1);
+    assert!(keys.iter().all(|k| !g.in_doubt(k, 2 * S, &mut ended)));
+    // The same word without its zones: the adopter's ring is zone-blind.
+    let blind_word: Vec<PublishedDoubt> = word
+        .iter()
+        .map(|w| PublishedDoubt {
+            zones: Vec::new(),
+            ..w.clone()
+        })
+        .collect();
+    let g = Doubts::new(10 * S);
+    assert_eq!(g.adopt(&blind_word, &now, &hears, &heard("g", 1, 1), S), 1);
+    assert!(keys.iter().any(|k| g.in_doubt(k, 2 * S, &mut ended)));
+
+    let blind_here = Doubts::new(10 * S);
+    change(&blind_here, "a", &blind, &live(&["b", "e", "f"]), S);
+    assert!(
+        both_in_zone
+            .iter()
+            .all(|k| blind_here.in_doubt(k, 2 * S, &mut ended))
+    );
 }

@@ -19,6 +19,9 @@ pub struct NodeStatus {
     pub node_id: String,
     pub version: &'static str,
     pub ring_epoch: u64,
+    /// Every member names a zone and there are two or more: each key's
+    /// replica is in another zone than its owner.
+    pub replicas_span_zones: bool,
     /// This node's view number (one more per ring change).
     pub view: u64,
     /// `N`: the remembered cluster size shares and leases are sized by.
@@ -46,6 +49,8 @@ pub struct MemberStatus {
     pub state: &'static str,
     pub generation: u64,
     pub in_ring: bool,
+    /// Its zone (`cluster.zone`), if it names one.
+    pub zone: Option<String>,
     /// Percent of the hash space this member owns.
     pub ring_share_pct: f64,
     pub protocol: u32,
@@ -142,6 +147,7 @@ impl Limiter {
                 state: m.state.name(),
                 generation: m.generation,
                 in_ring: view.ring.member(&m.node_id).is_some(),
+                zone: (!m.zone.is_empty()).then(|| m.zone.to_string()),
                 ring_share_pct: shares.get(&m.node_id).copied().unwrap_or(0.0) * 100.0,
                 protocol: m.protocol,
                 version: m.version.clone(),
@@ -187,6 +193,7 @@ impl Limiter {
             node_id: view.self_id.to_string(),
             version: env!("CARGO_PKG_VERSION"),
             ring_epoch: view.ring.epoch(),
+            replicas_span_zones: view.ring.spans_zones(),
             view: t.view,
             cluster_size: t.size as usize,
             majority: t.size as usize / 2 + 1,

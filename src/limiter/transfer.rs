@@ -408,6 +408,7 @@ mod tests {
             generation: 1,
             grpc_addr: String::new(),
             protocol,
+            ..Member::default()
         }
     }
 

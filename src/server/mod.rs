@@ -277,6 +277,7 @@ impl Node {
             gossip_advertise,
             seeds: cluster.seeds.clone(),
             bootstrap_expect: cluster.bootstrap_expect,
+            zone: cluster.zone.clone().unwrap_or_default(),
             secret: secret.clone(),
             gossip_interval: cluster.gossip_interval,
             phi_threshold: cluster.phi_threshold,

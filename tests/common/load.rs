@@ -308,6 +308,7 @@ pub fn keys_owned_by(ids: &[&str], name: &str, per: usize) -> Vec<String> {
         generation: 0,
         grpc_addr: String::new(),
         protocol: sluice::proto::PEER_PROTOCOL_VERSION,
+        zone: Default::default(),
     }));
     let mut keys = Vec::new();
     for owner in ids {

@@ -253,6 +253,7 @@ impl Faults {
                     generation: 1,
                     grpc_addr: String::new(),
                     protocol: 0,
+                    zone: Default::default(),
                 }));
                 let holders = [ring.owner(&key), ring.successor(&key)];
                 let is = |m: Option<&Member>, n: usize| {
@@ -686,6 +687,7 @@ mod tests {
             generation: 1,
             grpc_addr: String::new(),
             protocol: 0,
+            zone: Default::default(),
         }));
         let holders = |k: usize| {
             let key = sluice::store::key::encode("sim", &format!("k{k}"));

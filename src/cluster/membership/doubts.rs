@@ -33,18 +33,45 @@ pub struct PublishedDoubt {
     /// back since too — the rings between the losses are rebuilt from it;
     /// an adopter leaves out of the gone whom it hears as that process.
     pub gone: Vec<Tombstone>,
+    /// The zones of those of `gone` that named one, by id: the rings an
+    /// adopter rebuilds place replicas as the publisher's did.
+    pub zones: Vec<(Arc<str>, Arc<str>)>,
     /// How long the region stays open from when it was published.
     pub remaining: Duration,
 }
 
-/// As gossiped: a JSON list of `[[[node_id, generation], ...], ms]`.
+impl PublishedDoubt {
+    /// The zone `id` named; empty: none.
+    pub fn zone_of(&self, id: &str) -> Arc<str> {
+        self.zones
+            .iter()
+            .find(|(i, _)| &**i == id)
+            .map_or_else(|| Arc::from(""), |(_, z)| z.clone())
+    }
+}
+
+/// One member of `gone` as gossiped: `[node_id, generation]`, or with its
+/// zone, `[node_id, generation, zone]`.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(untagged)]
+enum Lost {
+    Zoned(String, u64, String),
+    Plain(String, u64),
+}
+
+/// As gossiped: a JSON list of `[[[node_id, generation(, zone)], ...], ms]`.
 pub fn encode(regions: &[PublishedDoubt]) -> String {
-    let list: Vec<(Vec<(&str, u64)>, u64)> = regions
+    let list: Vec<(Vec<Lost>, u64)> = regions
         .iter()
         .take(MAX_PUBLISHED)
         .map(|r| {
             let gone = r.gone.iter().take(MAX_TOMBSTONES);
-            let gone = gone.map(|(id, g)| (&**id, *g)).collect();
+            let gone = gone
+                .map(|(id, g)| match r.zone_of(id) {
+                    z if z.is_empty() => Lost::Plain(id.to_string(), *g),
+                    z => Lost::Zoned(id.to_string(), *g, z.to_string()),
+                })
+                .collect();
             (gone, r.remaining.as_millis().min(u64::MAX as u128) as u64)
         })
         .collect();
@@ -54,17 +81,27 @@ pub fn encode(regions: &[PublishedDoubt]) -> String {
 /// A peer's regions; malformed counts as none, and at most
 /// [`MAX_PUBLISHED`] regions of [`MAX_TOMBSTONES`] members are read.
 pub fn parse(s: &str) -> Vec<PublishedDoubt> {
-    serde_json::from_str::<Vec<(Vec<(String, u64)>, u64)>>(s)
+    serde_json::from_str::<Vec<(Vec<Lost>, u64)>>(s)
         .unwrap_or_default()
         .into_iter()
         .take(MAX_PUBLISHED)
-        .map(|(gone, ms)| PublishedDoubt {
-            gone: gone
-                .into_iter()
-                .take(MAX_TOMBSTONES)
-                .map(|(id, g)| (Arc::from(id.as_str()), g))
-                .collect(),
-            remaining: Duration::from_millis(ms),
+        .map(|(gone, ms)| {
+            let mut r = PublishedDoubt {
+                gone: Vec::new(),
+                zones: Vec::new(),
+                remaining: Duration::from_millis(ms),
+            };
+            for lost in gone.into_iter().take(MAX_TOMBSTONES) {
+                let (id, g, zone): (Arc<str>, u64, Option<String>) = match lost {
+                    Lost::Zoned(id, g, z) => (Arc::from(id.as_str()), g, Some(z)),
+                    Lost::Plain(id, g) => (Arc::from(id.as_str()), g, None),
+                };
+                if let Some(z) = zone.filter(|z| !z.is_empty()) {
+                    r.zones.push((id.clone(), Arc::from(z.as_str())));
+                }
+                r.gone.push((id, g));
+            }
+            r
         })
         .collect()
 }
@@ -77,6 +114,7 @@ mod tests {
     fn regions_round_trip_and_stay_bounded() {
         let r = PublishedDoubt {
             gone: vec![(Arc::from("a,\"b"), 7), (Arc::from("c"), u64::MAX)],
+            zones: vec![(Arc::from("c"), Arc::from("eu-1a"))],
             remaining: Duration::from_millis(9_500),
         };
         assert_eq!(parse(&encode(std::slice::from_ref(&r))), vec![r.clone()]);
@@ -87,5 +125,14 @@ mod tests {
             vec![((0..1_000).map(|i| (format!("n{i}"), i)).collect(), 1)];
         let wide = parse(&serde_json::to_string(&wide).unwrap());
         assert_eq!(wide[0].gone.len(), MAX_TOMBSTONES);
+        // A member naming no zone is sent as before zones were.
+        assert_eq!(
+            encode(&[PublishedDoubt {
+                gone: vec![(Arc::from("a"), 1), (Arc::from("b"), 2)],
+                zones: vec![(Arc::from("b"), Arc::from("z"))],
+                remaining: Duration::from_millis(5),
+            }]),
+            r#"[[[["a",1],["b",2,"z"]],5]]"#
+        );
     }
 }

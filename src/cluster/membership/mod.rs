@@ -34,7 +34,7 @@ pub use view::{ClusterView, MemberInfo};
 pub(crate) use join::join_wait;
 
 use super::auth::{AuthTransport, Secret};
-use view::{BORN, DOUBTS, GRPC_ADDR, POLICY_HASH, PROTOCOL, STATE, VERSION};
+use view::{BORN, DOUBTS, GRPC_ADDR, POLICY_HASH, PROTOCOL, STATE, VERSION, ZONE};
 
 /// A node's lifecycle state, as gossiped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -87,6 +87,8 @@ pub struct MembershipConfig {
     /// With seeds: how many nodes, none ready, form a brand-new cluster
     /// (see [`join_wait`]).
     pub bootstrap_expect: usize,
+    /// Its failure domain; empty: none (`cluster.zone`).
+    pub zone: String,
     pub secret: Secret,
     pub gossip_interval: Duration,
     pub phi_threshold: f64,
@@ -183,6 +185,7 @@ impl Membership {
             (BORN, cfg.generation.to_string()),
         ]
         .into_iter()
+        .chain((!cfg.zone.is_empty()).then(|| (ZONE, cfg.zone.clone())))
         .map(|(k, v)| (k.to_string(), v))
         .collect();
         let slot = Arc::new(Mutex::new(Slot {

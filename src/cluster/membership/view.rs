@@ -53,6 +53,8 @@ pub(super) const DOUBTS: &str = "doubts";
 /// rejoins: a newer generation of the same process still holds its
 /// copies). Absent (releases before it): the member's generation.
 pub(super) const BORN: &str = "born";
+/// Its failure domain (`cluster.zone`); absent: none named.
+pub(super) const ZONE: &str = "zone";
 
 /// Tombstones one node gossips at most (the newest generations).
 pub const MAX_TOMBSTONES: usize = 64;
@@ -74,6 +76,9 @@ pub struct MemberInfo {
     pub version: String,
     pub protocol: u32,
     pub policy_hash: String,
+    /// Its zone; empty: none named (`ring.rs` places replicas by zone only
+    /// when every member names one).
+    pub zone: Arc<str>,
     /// This node's failure detector declares it dead; no one buried it
     /// (yet): it keeps its place in the ring, and is not counted reachable.
     pub suspected: bool,
@@ -99,6 +104,7 @@ impl MemberInfo {
             version: state.get(VERSION).unwrap_or_default().to_string(),
             protocol: state.get(PROTOCOL)?.parse().ok()?,
             policy_hash: state.get(POLICY_HASH).unwrap_or_default().to_string(),
+            zone: Arc::from(state.get(ZONE).unwrap_or_default()),
             suspected: false,
             doubts: state
                 .get(DOUBTS)
@@ -124,6 +130,7 @@ impl MemberInfo {
             generation: self.generation,
             grpc_addr: self.grpc_addr.clone(),
             protocol: self.protocol,
+            zone: self.zone.clone(),
         }
     }
 }
@@ -560,6 +567,7 @@ pub(super) fn test_member(id: &str, state: Lifecycle) -> MemberInfo {
         version: String::new(),
         protocol: PEER_PROTOCOL_VERSION,
         policy_hash: String::new(),
+        zone: Arc::from(""),
         suspected: false,
         doubts: Arc::default(),
     }
