@@ -191,8 +191,9 @@ pub struct ClusterConfig {
     /// or more, so losing a whole zone at once loses no count beyond the
     /// replication lag. It takes effect once every member names one (a
     /// node naming none, or of a release before zones, keeps placement
-    /// zone-blind for all). In Kubernetes: `deploy/` runs one DaemonSet
-    /// per zone, each setting `SLUICE_CLUSTER__ZONE`.
+    /// zone-blind for all). Empty is none: in Kubernetes the DaemonSet
+    /// reads the pod's `topology.kubernetes.io/zone` label, which is empty
+    /// where the cluster does not copy it from the node (README, "Zones").
     pub zone: Option<String>,
     /// The shared secret: gossip datagrams and peer calls carry an HMAC over
     /// it. Prefer `secret_file` (or `SLUICE_CLUSTER__SECRET`) to a literal.

@@ -134,11 +134,11 @@ fn errors_name_the_key() {
         ),
         (
             "[cluster]\nzone = \"eu west\"\n",
-            "cluster.zone: 1 to 63 printable ASCII characters without spaces (got \"eu west\")",
+            "cluster.zone: at most 63 printable ASCII characters without spaces (got \"eu west\")",
         ),
         (
             &*format!("[cluster]\nzone = \"{}\"\n", "z".repeat(64)),
-            "cluster.zone: 1 to 63",
+            "cluster.zone: at most 63",
         ),
         (
             "[cluster]\ndead_grace = \"30days\"\n",

@@ -198,12 +198,10 @@ impl Config {
             )));
         }
         if let Some(zone) = &c.zone
-            && (zone.is_empty()
-                || zone.len() > MAX_ZONE
-                || !zone.bytes().all(|b| b.is_ascii_graphic()))
+            && (zone.len() > MAX_ZONE || !zone.bytes().all(|b| b.is_ascii_graphic()))
         {
             return Err(ConfigError(format!(
-                "cluster.zone: 1 to {MAX_ZONE} printable ASCII characters without spaces (got {zone:?})"
+                "cluster.zone: at most {MAX_ZONE} printable ASCII characters without spaces (got {zone:?})"
             )));
         }
         let secret = c.secret_bytes()?;

@@ -69,6 +69,14 @@ pub fn cut_off_fence() -> u64 {
 /// replication round.
 pub const WIPE_WINDOW: u64 = 2_000;
 
+/// How long (ms) a crashed node's new process holds no copy after it
+/// started: it joins once its view held still (1–5 s at the defaults),
+/// then takes its keys by the transfer and their replicas by
+/// re-replication. Longer than [`WIPE_WINDOW`]: a node back within the
+/// window holds nothing yet (seed 57 of `--mix zones`: a zone back 150
+/// ms before two others crashed still counted as holding its copies).
+pub const REJOIN: u64 = 6_000;
+
 /// A pause at least this long (ns) may make a node give up its keys: it
 /// rejoins once its gossip loop's last round is `away_after` old (400 ms
 /// at the defaults), and that round may have come up to one reading
@@ -219,8 +227,8 @@ impl Faults {
 
     /// When key `k`'s count may have been wiped out with R = 1 (ns): its
     /// owner and its replica holder both crashed, the second within
-    /// [`WIPE_WINDOW`] of the first and before it was back — no copy of it
-    /// survives. The cluster then decides it in doubt (never exactly) for
+    /// [`WIPE_WINDOW`] of the first (back by then or not: a new process
+    /// holds no copy until it rejoined) — no copy of it survives. The cluster then decides it in doubt (never exactly) for
     /// `in_doubt_grace`, and from its best copy after, counting the loss
     /// (`sluice_keys_taken_from_best_copy_total`): the instants returned
     /// are the earliest those graces can end (from the first crash: the
@@ -233,27 +241,30 @@ impl Faults {
             .as_nanos() as u64;
         let key = sluice::store::key::encode("sim", &format!("k{k}"));
         let mut out = Vec::new();
-        for &(a, ta, back_a) in &self.crashes {
+        for &(a, ta, _) in &self.crashes {
             for &(b, tb, _) in &self.crashes {
                 // Each pair once (a before b; by node at the same instant).
                 let first = ta < tb || (ta == tb && a < b);
-                if a == b || !first || tb >= back_a || tb > ta + ms(WIPE_WINDOW) {
+                // Back within the window or not, a's new process holds
+                // nothing yet ([`REJOIN`]).
+                if a == b || !first || tb > ta + ms(WIPE_WINDOW) {
                     continue;
                 }
+                // The members that can hold a copy at the first crash: a
+                // node restarted counts only once it has rejoined.
                 let up = (0..s.nodes).filter(|&n| {
                     let started = s.late.iter().all(|&(m, at)| m != n || ms(at) <= ta);
                     let down = self
                         .crashes
                         .iter()
-                        .any(|&(m, t, back)| m == n && t < ta && back > ta);
+                        .any(|&(m, t, back)| m == n && t < ta && back + ms(REJOIN) > ta);
                     started && !down
                 });
                 let ring = Ring::new(up.map(|n| Member {
                     node_id: format!("n{n}").into(),
                     generation: 1,
-                    grpc_addr: String::new(),
-                    protocol: 0,
-                    zone: Default::default(),
+                    zone: s.zones.get(n).map_or("", |z| z).into(),
+                    ..Member::default()
                 }));
                 let holders = [ring.owner(&key), ring.successor(&key)];
                 let is = |m: Option<&Member>, n: usize| {
@@ -522,6 +533,7 @@ mod tests {
             nodes: 3,
             late: Vec::new(),
             skew: Vec::new(),
+            zones: Vec::new(),
             faults,
             heal: 38_000,
             end: 50_000,
@@ -709,9 +721,28 @@ mod tests {
         let together = Faults::of(&s, &crashes(&[(0, 10_000, 12_000), (1, 10_500, 13_000)]));
         assert_eq!(together.wipes(&s, both), vec![ms(10_000) + grace]);
         assert_eq!(together.wipes(&s, other), Vec::<u64>::new());
-        // The second crash after the first node was back: a copy survived.
-        let apart = Faults::of(&s, &crashes(&[(0, 10_000, 10_400), (1, 10_500, 13_000)]));
-        assert_eq!(apart.wipes(&s, both), Vec::<u64>::new());
+        // The first node back before the second crash: its new process
+        // held nothing yet.
+        let back = Faults::of(&s, &crashes(&[(0, 10_000, 10_400), (1, 10_500, 13_000)]));
+        assert_eq!(back.wipes(&s, both), vec![ms(10_000) + grace]);
+        // n1 crashed and back, not yet rejoined, when n0 and n2 crash: the
+        // key's holders are those of the ring without n1 (n0 and n2).
+        let chain = Faults::of(
+            &s,
+            &crashes(&[(1, 6_000, 7_500), (2, 9_000, 12_000), (0, 9_200, 12_000)]),
+        );
+        assert_eq!(chain.wipes(&s, both), vec![ms(9_000) + grace]);
+        // Rejoined by then (REJOIN after it started): n0 and n1 hold it.
+        let rejoined = 7_500 + REJOIN;
+        let chain = Faults::of(
+            &s,
+            &crashes(&[
+                (1, 6_000, 7_500),
+                (2, rejoined, rejoined + 3_000),
+                (0, rejoined + 200, rejoined + 3_000),
+            ]),
+        );
+        assert_eq!(chain.wipes(&s, both), Vec::<u64>::new());
         // The second crash beyond the window, the first still down.
         let late = 10_000 + WIPE_WINDOW + 1;
         let far = Faults::of(&s, &crashes(&[(0, 10_000, 20_000), (1, late, 21_000)]));

@@ -132,7 +132,15 @@ pub enum Mix {
     /// again, 1–6 s apart. The cluster must stay one, and bury no node
     /// for a stall short of failure detection (`membership_check.rs`).
     Stalls,
+    /// 5–7 nodes in three zones (`cluster.zone`; node `i` in zone `i % 3`),
+    /// every kind of `any`, and a whole zone killed at once a quarter of
+    /// the time: a zone takes no key's two copies, so the checker excuses
+    /// no reset for it.
+    Zones,
 }
+
+/// Zones of a [`Mix::Zones`] schedule.
+const ZONES: usize = 3;
 
 /// A whole run: the cluster, the faults and the phases.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -147,6 +155,9 @@ pub struct Schedule {
     /// Each node's wall clock offset at start (ms).
     #[serde(default)]
     pub skew: Vec<i64>,
+    /// Each node's zone (`cluster.zone`); none: no zones.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub zones: Vec<String>,
     pub faults: Vec<Fault>,
     /// Every fault is over and every node up from here on.
     pub heal: u64,
@@ -177,7 +188,14 @@ impl Schedule {
     pub fn draw_sized(seed: u64, secs: u64, mix: Mix, nodes: Option<usize>) -> Schedule {
         let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed_fa17);
         let drawn = rng.usize(3..=7);
-        let nodes = nodes.unwrap_or(drawn).max(2);
+        let zoned = mix == Mix::Zones;
+        let nodes = nodes
+            .unwrap_or(if zoned { 5 + drawn % 3 } else { drawn })
+            .max(2);
+        let zones = match zoned {
+            true => (0..nodes).map(|n| format!("z{}", n % ZONES)).collect(),
+            false => Vec::new(),
+        };
         let end = secs.max(60) * 1_000 - 10_000;
         let heal = end - 12_000;
         let mut faults = Vec::new();
@@ -211,7 +229,7 @@ impl Schedule {
                 break;
             }
             let at = match mix {
-                Mix::Any => rng.u64(FIRST_FAULT..latest),
+                Mix::Any | Mix::Zones => rng.u64(FIRST_FAULT..latest),
                 Mix::Single => rng.u64(free_from..(free_from + 4_000).min(latest - 500)),
                 Mix::Stalls => unreachable!("drawn above"),
             };
@@ -220,12 +238,13 @@ impl Schedule {
             let node = rng.usize(..nodes);
             let other = (node + rng.usize(1..nodes)) % nodes;
             let proto = match (mix, rng.u8(0..3)) {
-                (Mix::Single | Mix::Stalls, _) | (Mix::Any, 0) => Proto::Tcp,
-                (Mix::Any, 1) => Proto::Udp,
-                (Mix::Any, _) => Proto::Both,
+                (Mix::Single | Mix::Stalls, _) | (Mix::Any | Mix::Zones, 0) => Proto::Tcp,
+                (Mix::Any | Mix::Zones, 1) => Proto::Udp,
+                (Mix::Any | Mix::Zones, _) => Proto::Both,
             };
             let kind = match mix {
                 Mix::Any => rng.u8(0..12),
+                Mix::Zones => rng.u8(0..16),
                 // No node cut off from every other, no correlated pair.
                 Mix::Single => [0, 2, 3, 4, 8, 9, 10, 11][rng.usize(..8)],
                 Mix::Stalls => unreachable!("drawn above"),
@@ -302,11 +321,18 @@ impl Schedule {
                     at,
                     by: rng.i64(-3_000..=3_000),
                 }),
-                _ => faults.push(Fault::Leave {
+                11 => faults.push(Fault::Leave {
                     node,
                     at,
                     down: span.max(1_000),
                 }),
+                _ => {
+                    // A whole zone killed at once (node's), back together.
+                    let down = rng.u64(1_000..4_000);
+                    for n in (0..nodes).filter(|n| n % ZONES == node % ZONES) {
+                        faults.push(Fault::Crash { node: n, at, down });
+                    }
+                }
             }
             let ended = faults[before..].iter().map(Fault::end).max().unwrap_or(at);
             free_from = ended + 3_000;
@@ -317,6 +343,7 @@ impl Schedule {
             nodes,
             late,
             skew,
+            zones,
             faults,
             heal,
             end,
@@ -364,5 +391,44 @@ impl Schedule {
         serde_json::from_str::<Regression>(text)
             .map(|r| r.schedule)
             .or_else(|_| serde_json::from_str(text))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A zones schedule names every node's zone (three, round robin) and,
+    /// over a few seeds, kills whole zones at once; the other mixes draw
+    /// no zones and write none (their files read as before).
+    #[test]
+    fn zones_schedules_kill_whole_zones_and_others_name_none() {
+        let mut whole = 0;
+        for seed in 0..40 {
+            let s = Schedule::draw(seed, 60, Mix::Zones);
+            assert!((5..=7).contains(&s.nodes), "seed {seed}: {} nodes", s.nodes);
+            assert_eq!(s.zones.len(), s.nodes);
+            assert!((0..s.nodes).all(|n| s.zones[n] == format!("z{}", n % 3)));
+            for f in &s.faults {
+                let Fault::Crash { node, at, down } = f else {
+                    continue;
+                };
+                let zone: Vec<usize> = (0..s.nodes).filter(|n| n % 3 == node % 3).collect();
+                let together = zone.iter().all(|&n| {
+                    s.faults.contains(&Fault::Crash {
+                        node: n,
+                        at: *at,
+                        down: *down,
+                    })
+                });
+                whole += usize::from(together && zone[0] == *node);
+            }
+        }
+        assert!(whole >= 10, "{whole} zones killed at once in 40 seeds");
+        for mix in [Mix::Any, Mix::Single, Mix::Stalls] {
+            let s = Schedule::draw(7, 60, mix);
+            assert!(s.zones.is_empty());
+            assert!(!serde_json::to_string(&s).unwrap().contains("zones"));
+        }
     }
 }

@@ -545,6 +545,7 @@ pub fn config(n: usize, s: &Schedule) -> Config {
     c.cluster.gossip_addr = SocketAddr::new(ip, GOSSIP_PORT);
     c.cluster.advertise_host = Some(ip.to_string());
     c.cluster.secret = Some(SECRET.into());
+    c.cluster.zone = s.zones.get(n).cloned();
     c.cluster.seeds = (0..s.nodes)
         .filter(|&m| m != n)
         .map(|m| SocketAddr::new(node_ip(m), GOSSIP_PORT).to_string())
