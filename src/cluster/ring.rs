@@ -58,10 +58,13 @@ pub struct Ring {
     points: Vec<(u64, u32)>,
     /// Sorted by node id; one per node id.
     members: Vec<Member>,
-    /// Per member, its zone as a number (equal numbers, equal zones); `None`
-    /// when some member names no zone: placement ignores zones.
-    zones: Option<Vec<u32>>,
-    /// `zones` holds two or more zones: holders are placed by them.
+    /// Per member, its zone as a number (equal numbers, equal zones);
+    /// `None`: it names none.
+    zones: Vec<Option<u32>>,
+    /// The members that name no zone (by index): while one of them is in
+    /// a ring, placement ignores zones.
+    unzoned: Vec<usize>,
+    /// Every member names a zone, two or more: holders are placed by them.
     spans_zones: bool,
     epoch: u64,
 }
@@ -127,23 +130,35 @@ impl Ring {
         // Ties between two members' virtual nodes (astronomically rare)
         // resolve by node id, the same on every node.
         points.sort_unstable();
-        let epoch = epoch_of(&members);
-        let zones = members.iter().all(|m| !m.zone.is_empty()).then(|| {
-            let mut names: Vec<&str> = members.iter().map(|m| &*m.zone).collect();
-            names.sort_unstable();
-            names.dedup();
-            members
-                .iter()
-                .map(|m| names.binary_search(&&*m.zone).unwrap_or(0) as u32)
-                .collect()
-        });
-        let spans_zones = zones
-            .as_ref()
-            .is_some_and(|z: &Vec<u32>| z.iter().any(|&n| n != z[0]));
+        let mut names: Vec<&str> = members.iter().map(|m| &*m.zone).collect();
+        names.sort_unstable();
+        names.dedup();
+        let zones: Vec<Option<u32>> = members
+            .iter()
+            .map(|m| {
+                let named = !m.zone.is_empty();
+                named.then(|| names.binary_search(&&*m.zone).unwrap_or(0) as u32)
+            })
+            .collect();
+        let unzoned: Vec<usize> = (0..members.len()).filter(|&i| zones[i].is_none()).collect();
+        let spans_zones = unzoned.is_empty() && zones.iter().any(|z| *z != zones[0]);
+        // Placement by zones is part of what the epoch names (two rings of
+        // one epoch place every copy alike); zone-blind, it is the frozen
+        // epoch of the member set.
+        let mut epoch = epoch_of(&members);
+        if spans_zones {
+            let mut buf = epoch.to_le_bytes().to_vec();
+            for m in &members {
+                buf.extend_from_slice(m.zone.as_bytes());
+                buf.push(0);
+            }
+            epoch = xxh3_64(&buf);
+        }
         Ring {
             points,
             members,
             zones,
+            unzoned,
             spans_zones,
             epoch,
         }
@@ -193,8 +208,11 @@ impl Ring {
     /// Whether the replica holder must be in another zone than the owner
     /// in this ring without the members `skip` names: every member named
     /// a zone, and two or more are left.
-    fn zoned_without(&self, skip: &impl Fn(usize) -> bool) -> Option<&[u32]> {
-        let zones = self.zones.as_deref()?;
+    fn zoned_without(&self, skip: &impl Fn(usize) -> bool) -> Option<&[Option<u32>]> {
+        if self.unzoned.iter().any(|&i| !skip(i)) {
+            return None;
+        }
+        let zones = &self.zones[..];
         let mut left = (0..zones.len()).filter(|&i| !skip(i)).map(|i| zones[i]);
         let first = left.next()?;
         left.any(|z| z != first).then_some(zones)
@@ -208,7 +226,7 @@ impl Ring {
         }
         let start = self.point_at(key_position(key));
         let owner = self.points[start].1 as usize;
-        let zones = self.zones.as_deref().filter(|_| self.spans_zones);
+        let zones = Some(&self.zones[..]).filter(|_| self.spans_zones);
         (1..self.points.len())
             .map(|k| self.points[(start + k) % self.points.len()].1 as usize)
             .find(|&idx| idx != owner && zones.is_none_or(|z| z[idx] != z[owner]))
@@ -364,6 +382,8 @@ mod tests {
             ["a", "b", "c", "d", "e"],
             ["a@z1", "b@z2", "c@z1", "d@z2", "e@z2"],
             ["a@z1", "b@z1", "c@z2", "d@z3", "e@z3"],
+            // d names no zone: zone-blind until it is skipped.
+            ["a@z1", "b@z2", "c@z1", "d", "e@z2"],
         ] {
             let full = Ring::new(specs.iter().map(|s| zoned(s)));
             let id = |m: Option<&Member>| m.map(|m| m.node_id.to_string());
@@ -373,6 +393,8 @@ mod tests {
                 &["c"][..],
                 &["a", "d"][..],
                 &["a", "c"][..],
+                &["d"][..],
+                &["b", "d"][..],
                 &["a", "b", "c", "d"][..],
             ] {
                 let rest = specs.iter().filter(|s| !skip.contains(&&s[..1]));
@@ -421,11 +443,9 @@ mod tests {
         // Two members per zone: the plain successor shares the owner's
         // zone about a fifth of the time.
         assert!((500..2_000).contains(&moved), "{moved} of 5,000 moved");
-        assert_eq!(
-            three.epoch(),
-            plain.epoch(),
-            "zones are no part of the epoch"
-        );
+        assert_ne!(three.epoch(), plain.epoch(), "placement by zones is");
+        assert_eq!(one.epoch(), plain.epoch(), "one zone places as none");
+        assert_eq!(unnamed.epoch(), plain.epoch());
     }
 
     #[test]

@@ -8,8 +8,10 @@
 //! `stalled-holder-then-stalled-owner`). A key with `replication = "sync"`
 //! trades a peer round trip per decision for losing nothing: the owner
 //! decides (the hits are counted here at once, under the key's lock), sends
-//! the key's whole state as it is *after* the decision to its successor
-//! (the replica holder, who takes the key over when this node is gone), and
+//! the key's whole state as it is *after* the decision to its replica
+//! holder (whose copy the key's next owner takes when this node is gone —
+//! the holder itself without zones, another node by the transfer with
+//! them), and
 //! answers exactly only when that send is acknowledged. Every decision is
 //! confirmed — reads too, since an exact read shows a remaining that a
 //! failover must not move back up.
