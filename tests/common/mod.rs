@@ -5,6 +5,7 @@
 pub mod load;
 pub mod pki;
 pub mod procs;
+pub mod together;
 
 use std::future::Future;
 use std::sync::Arc;
