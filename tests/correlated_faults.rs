@@ -111,17 +111,10 @@ async fn an_owner_killed_while_its_replica_holder_is_paused_rolls_nothing_back()
     let both_out = paused.elapsed();
     // Every key of the two is in doubt at its new owner (the callers ask
     // about each every round).
-    let in_doubt = || async {
-        let mut n = 0.0;
-        for p in &survivors {
-            n += p.metric("sluice_keys_in_doubt").await;
-        }
-        n
-    };
     eventually(
         "the keys of both in doubt",
         Duration::from_secs(5),
-        || async { in_doubt().await >= both.len() as f64 },
+        || async { keys_in_doubt(&survivors).await >= both.len() as f64 },
     )
     .await;
 
@@ -139,31 +132,10 @@ async fn an_owner_killed_while_its_replica_holder_is_paused_rolls_nothing_back()
     let whole = Instant::now();
     let back = paused.elapsed();
     let holder_after = generation_of(&procs[0], IDS[HOLDER]);
-    // At least two answers (both callers) since `since`, all of them exact.
-    let not_exact = |record: &Record, since: Instant| -> Vec<String> {
-        keys.iter()
-            .filter(|k| {
-                record.answers[*k].iter().filter(|a| a.at >= since).count() < 2
-                    || !record.exact_since(k, since)
-            })
-            .map(|k| format!("{k}: {}", record.tally.by_node(k)))
-            .collect()
-    };
-    loop {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let wrong = not_exact(
-            &callers.record.lock().unwrap(),
-            Instant::now() - Duration::from_millis(300),
-        );
-        if wrong.is_empty() {
-            break;
-        }
-        assert!(
-            whole.elapsed() < EXACT_WITHIN,
-            "not exact {EXACT_WITHIN:?} after both were back ({back:?} after the pause; holder generation {holder_before:?} -> {holder_after:?}): {wrong:#?}"
-        );
-    }
-    let exact_after = whole.elapsed();
+    let after = format!(
+        "both were back ({back:?} after the pause; holder generation {holder_before:?} -> {holder_after:?})"
+    );
+    let exact_after = callers.until_exact(&keys, whole, &after).await;
     callers.until_offered(3 * LIMIT).await;
     let record = callers.finish().await;
     // The holder came back: no key was taken from a best copy, anywhere.

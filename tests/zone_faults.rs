@@ -102,46 +102,17 @@ async fn lose_a_zone(
     .await;
     let settled = Instant::now();
 
-    let not_exact = |record: &Record, since: Instant| -> Vec<String> {
-        exact
-            .iter()
-            .filter(|k| {
-                record.answers[*k].iter().filter(|a| a.at >= since).count() < 2
-                    || !record.exact_since(k, since)
-            })
-            .map(|k| format!("{k}: {}", record.tally.by_node(k)))
-            .collect()
-    };
-    loop {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let since = Instant::now() - Duration::from_millis(300);
-        let wrong = not_exact(&callers.record.lock().unwrap(), since);
-        if wrong.is_empty() {
-            break;
-        }
-        assert!(
-            settled.elapsed() < EXACT_WITHIN,
-            "not exact {EXACT_WITHIN:?} after the survivors' rings settled: {wrong:#?}"
-        );
-    }
-    let exact_after = settled.elapsed();
-    // Only the keys asked about are counted (each at its owner); the
-    // gauge is refreshed now and then, not per decision.
-    let counted = || async {
-        let mut n = 0.0;
-        for p in &survivors {
-            n += p.metric("sluice_keys_in_doubt").await;
-        }
-        n
-    };
+    let exact_after = callers
+        .until_exact(&exact, settled, "the survivors' rings settled")
+        .await;
     eventually(
         "the zone's keys in doubt",
         Duration::from_secs(5),
-        || async { counted().await >= in_doubt.len() as f64 },
+        || async { keys_in_doubt(&survivors).await >= in_doubt.len() as f64 },
     )
     .await;
     callers.until_offered(3 * LIMIT).await;
-    let in_doubt_at_end = counted().await;
+    let in_doubt_at_end = keys_in_doubt(&survivors).await;
     let record = callers.finish().await;
     for p in &survivors {
         let taken = p.metric("sluice_keys_taken_from_best_copy").await;

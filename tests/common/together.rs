@@ -247,3 +247,43 @@ impl Callers {
             .unwrap()
     }
 }
+
+impl Callers {
+    /// Wait until every key of `keys` answers exactly — at least two
+    /// answers (both callers) in the last 300 ms, all exact — and return
+    /// how long after `from` that was; fail, naming `after` and the keys
+    /// not exact, once [`EXACT_WITHIN`] has passed.
+    pub async fn until_exact(&self, keys: &[String], from: Instant, after: &str) -> Duration {
+        loop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let since = Instant::now() - Duration::from_millis(300);
+            let wrong: Vec<String> = {
+                let record = self.record.lock().unwrap();
+                keys.iter()
+                    .filter(|k| {
+                        record.answers[*k].iter().filter(|a| a.at >= since).count() < 2
+                            || !record.exact_since(k, since)
+                    })
+                    .map(|k| format!("{k}: {}", record.tally.by_node(k)))
+                    .collect()
+            };
+            if wrong.is_empty() {
+                return from.elapsed();
+            }
+            assert!(
+                from.elapsed() < EXACT_WITHIN,
+                "not exact {EXACT_WITHIN:?} after {after}: {wrong:#?}"
+            );
+        }
+    }
+}
+
+/// Keys in doubt at `procs` (the gauge counts the keys asked about, each
+/// at its owner; it is refreshed now and then, not per decision).
+pub async fn keys_in_doubt(procs: &[&super::procs::Proc]) -> f64 {
+    let mut n = 0.0;
+    for p in procs {
+        n += p.metric("sluice_keys_in_doubt").await;
+    }
+    n
+}
