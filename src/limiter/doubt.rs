@@ -184,7 +184,7 @@ impl Doubts {
         let mut regions = self.regions();
         for r in regions.iter_mut() {
             r.gone.retain(|(id, generation)| !is_live(id, *generation));
-            r.lose(&gone, now);
+            r.lose(&gone, Some(c.previous.as_ref()), now);
             // A holder back leaves one member gone: no key is in doubt
             // under it now, and none decided in doubt was taken from a
             // best copy (it comes with the transfer).

@@ -33,6 +33,9 @@ pub(super) struct Region {
     /// The members of `previous` the region lost, back since or not, in
     /// the order lost (one entry per id): what it publishes.
     pub(super) lost: Vec<(Arc<str>, u64)>,
+    /// The zones of members gone that joined after `previous` (its ring
+    /// knows them not), by id: an adopter places replicas with them too.
+    later_zones: Vec<(Arc<str>, Arc<str>)>,
     /// Per member of `previous` (by its index there): the step it was
     /// first lost in (the chain's shape), and when it was lost last (a
     /// member back and lost again puts its keys in doubt anew).
@@ -66,13 +69,14 @@ impl Region {
             previous,
             gone: Vec::new(),
             lost: Vec::new(),
+            later_zones: Vec::new(),
             steps: Vec::new(),
             until: now.saturating_add(grace),
             grace,
             keys: HashSet::new(),
             overflow: 0,
         };
-        r.lose(&gone, now);
+        r.lose(&gone, None, now);
         r
     }
 
@@ -91,7 +95,7 @@ impl Region {
         let at = until.saturating_sub(grace);
         let mut r = Region::new(previous, Vec::new(), at, grace);
         for l in lost {
-            r.lose(std::slice::from_ref(l), at);
+            r.lose(std::slice::from_ref(l), None, at);
         }
         r.gone = gone;
         r.until = until;
@@ -102,8 +106,9 @@ impl Region {
     /// before are a step (a ring of the chain begins before it); the
     /// region lasts the grace from any loss of a member of `previous` (one
     /// back and lost again too); a member that joined after `previous` was
-    /// in none of its rings, and changes none.
-    pub(super) fn lose(&mut self, gone: &[(Arc<str>, u64)], now: Nanos) {
+    /// in none of its rings, and changes none (its zone, read in `from`,
+    /// the ring it was lost from, is kept for what the region publishes).
+    pub(super) fn lose(&mut self, gone: &[(Arc<str>, u64)], from: Option<&Ring>, now: Nanos) {
         let mut step: Option<u16> = None;
         for g in gone {
             let newly = !self.gone.iter().any(|(id, _)| *id == g.0);
@@ -111,6 +116,13 @@ impl Region {
                 self.gone.push(g.clone());
             }
             let Some(i) = self.index(&g.0) else {
+                let zone = from.and_then(|r| r.member(&g.0)).map(|m| m.zone.clone());
+                if let Some(zone) = zone.filter(|z| !z.is_empty())
+                    && !self.later_zones.iter().any(|(id, _)| *id == g.0)
+                    && self.later_zones.len() < MAX_TOMBSTONES
+                {
+                    self.later_zones.push((g.0.clone(), zone));
+                }
                 continue;
             };
             if newly {
@@ -185,6 +197,7 @@ impl Region {
             .filter_map(|(id, _)| self.previous.member(id))
             .filter(|m| !m.zone.is_empty())
             .map(|m| (m.node_id.clone(), m.zone.clone()))
+            .chain(self.later_zones.iter().cloned())
             .collect()
     }
 

@@ -685,3 +685,24 @@ fn a_zone_lost_at_once_puts_no_key_in_doubt_when_replicas_span_zones() {
             .all(|k| blind_here.in_doubt(k, 2 * S, &mut ended))
     );
 }
+
+/// A member that joined after a region's ring and was lost with it is
+/// published with its zone too (read from the ring it was lost from), so
+/// an adopter's rings place replicas by zone as the publisher's did.
+#[test]
+fn a_member_lost_after_joining_is_published_with_its_zone() {
+    let d = Doubts::new(10 * S);
+    let first = zoned_ring(&["a@z1", "b@z2", "c@z1", "d@z2"]);
+    change(&d, "a", &first, &live(&["b", "d"]), S);
+    let joined = zoned_ring(&["a@z1", "b@z2", "d@z2", "e@z3"]);
+    change(&d, "a", &joined, &live(&["b"]), 2 * S);
+    let word = d.published(2 * S);
+    let over_first = word
+        .iter()
+        .find(|w| w.gone.iter().any(|(id, _)| &**id == "c"))
+        .expect("the region over the first ring is published");
+    assert!(over_first.gone.iter().any(|(id, _)| &**id == "e"));
+    for (id, zone) in [("c", "z1"), ("d", "z2"), ("e", "z3")] {
+        assert_eq!(&*over_first.zone_of(id), zone, "{id}");
+    }
+}
