@@ -224,13 +224,8 @@ impl Ring {
         if self.members.len() < 2 {
             return None;
         }
-        let start = self.point_at(key_position(key));
-        let owner = self.points[start].1 as usize;
-        let zones = Some(&self.zones[..]).filter(|_| self.spans_zones);
-        (1..self.points.len())
-            .map(|k| self.points[(start + k) % self.points.len()].1 as usize)
-            .find(|&idx| idx != owner && zones.is_none_or(|z| z[idx] != z[owner]))
-            .map(|idx| &self.members[idx])
+        let (_, holder) = self.holders_without(key, |_| false);
+        holder.map(|i| &self.members[i])
     }
 
     /// The owner and replica holder `key` had in this ring without the
