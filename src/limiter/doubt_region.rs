@@ -116,12 +116,13 @@ impl Region {
                 self.gone.push(g.clone());
             }
             let Some(i) = self.index(&g.0) else {
-                let zone = from.and_then(|r| r.member(&g.0)).map(|m| m.zone.clone());
-                if let Some(zone) = zone.filter(|z| !z.is_empty())
-                    && !self.later_zones.iter().any(|(id, _)| *id == g.0)
-                    && self.later_zones.len() < MAX_TOMBSTONES
-                {
-                    self.later_zones.push((g.0.clone(), zone));
+                // The zone it had where it was lost last (a new process
+                // may name another): replaced, not kept from the first.
+                if let Some(m) = from.and_then(|r| r.member(&g.0)) {
+                    self.later_zones.retain(|(id, _)| *id != g.0);
+                    if !m.zone.is_empty() && self.later_zones.len() < MAX_TOMBSTONES {
+                        self.later_zones.push((g.0.clone(), m.zone.clone()));
+                    }
                 }
                 continue;
             };
