@@ -109,10 +109,21 @@ impl Limiter {
             }
         }
         let metrics = &self.shared.metrics.cluster;
-        for ((to, kind), states) in by_target {
+        // Each target's pushes go out beside the others': one that does not
+        // answer holds up its own keys only, for one deadline — its chunks
+        // after a failed one are queued again unsent (a cold review: a dead
+        // peer's backlog, sent chunk after chunk, held every round up for a
+        // deadline per chunk, and the healthy targets' keys with it).
+        let pushes = by_target.into_iter().map(|((to, kind), states)| async move {
+            let mut failed = false;
             for chunk in chunk_by_bytes(&states, |(_, s)| s) {
+                let keys = || chunk.iter().map(|(k, _)| k.clone());
+                if failed {
+                    self.shared.store.requeue(keys(), since);
+                    continue;
+                }
                 let batch: Vec<Outgoing> = chunk.iter().map(|(_, s)| s.clone()).collect();
-                let pushed = peers.push_states(&to, kind, batch).await;
+                let pushed = peers.push_in_background(&to, kind, batch).await;
                 if kind == SyncKind::Replica {
                     peers.replicated(&to, since.elapsed());
                 }
@@ -126,13 +137,13 @@ impl Limiter {
                     }
                     Err(e) => {
                         tracing::debug!(peer = %to, error = %e, "replication failed; will retry");
-                        self.shared
-                            .store
-                            .requeue(chunk.iter().map(|(k, _)| k.clone()), since);
+                        self.shared.store.requeue(keys(), since);
+                        failed = true;
                     }
                 }
             }
-        }
+        });
+        futures::future::join_all(pushes).await;
         metrics
             .replication_pending
             .set(self.shared.store.changed_len() as i64);

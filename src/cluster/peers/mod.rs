@@ -422,6 +422,8 @@ impl Peers {
     }
 
     /// Merge these states at `node_id` (replicas, handoff). Protocol 2.
+    /// An open breaker fails the push at once, as a forward: a caller
+    /// waits on it (a synchronous key's confirmation, a leave).
     pub async fn push_states(
         &self,
         node_id: &str,
@@ -429,12 +431,7 @@ impl Peers {
         states: Vec<Outgoing>,
     ) -> Result<u32, ForwardError> {
         let (peer, probe) = self.admit(node_id)?;
-        let request = pb::SyncRequest {
-            protocol_version: PEER_PROTOCOL_VERSION,
-            from_node: self.inner.self_id.to_string(),
-            kind: codec::sync_kind_to_wire(kind) as i32,
-            states: states.into_iter().map(|s| s.0).collect(),
-        };
+        let request = self.sync_request(kind, states);
         peer.sender
             .call(
                 request,
@@ -444,6 +441,44 @@ impl Peers {
             )
             .await
             .map(|r| r.merged)
+    }
+
+    /// [`Self::push_states`] for the replication rounds: past an open
+    /// breaker. The breaker keeps requests from spending a deadline each on
+    /// a peer that does not answer; a round is background work, and every
+    /// moment its push waits is replication lag — what an owner's crash
+    /// loses. Held back by the breaker, the lag ran on for up to
+    /// `breaker_cooldown` (1 s) after a lossy link had healed (the
+    /// simulator's seed 111 of `--mix any`). A push that lands closes the
+    /// breaker for requests too; one past an open breaker that fails leaves
+    /// it as it was (see [`Sender::call_past_open`]).
+    pub async fn push_in_background(
+        &self,
+        node_id: &str,
+        kind: SyncKind,
+        states: Vec<Outgoing>,
+    ) -> Result<u32, ForwardError> {
+        let peer = self.peer(node_id)?;
+        let request = self.sync_request(kind, states);
+        let rpc = |mut c: PeerClient<Channel>, r| async move { c.sync(r).await };
+        let answer = match peer.sender.breaker.allow() {
+            Allow::No => peer.sender.call_past_open(request, rpc).await,
+            pass => {
+                peer.sender
+                    .call(request, None, pass == Allow::Probe, rpc)
+                    .await
+            }
+        };
+        answer.map(|r| r.merged)
+    }
+
+    fn sync_request(&self, kind: SyncKind, states: Vec<Outgoing>) -> pb::SyncRequest {
+        pb::SyncRequest {
+            protocol_version: PEER_PROTOCOL_VERSION,
+            from_node: self.inner.self_id.to_string(),
+            kind: codec::sync_kind_to_wire(kind) as i32,
+            states: states.into_iter().map(|s| s.0).collect(),
+        }
     }
 
     /// Take the states `node_id` holds for `keys` (encoded), waiting at

@@ -88,7 +88,38 @@ impl Sender {
         F: FnOnce(PeerClient<Channel>, tonic::Request<Req>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
     {
-        let attempt = Attempt::new(self, probe);
+        let pass = if probe { Pass::Probe } else { Pass::Closed };
+        self.call_as(request, timeout, pass, rpc).await
+    }
+
+    /// [`Sender::call`] for a call sent past an open breaker: its success
+    /// closes the breaker, its failure leaves it as it is — each failure
+    /// would otherwise start the cooldown again, and background calls
+    /// every round would hold it open for requests for good.
+    pub(super) async fn call_past_open<Req, Resp, F, Fut>(
+        &self,
+        request: Req,
+        rpc: F,
+    ) -> Result<Resp, ForwardError>
+    where
+        F: FnOnce(PeerClient<Channel>, tonic::Request<Req>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+    {
+        self.call_as(request, None, Pass::PastOpen, rpc).await
+    }
+
+    async fn call_as<Req, Resp, F, Fut>(
+        &self,
+        request: Req,
+        timeout: Option<Duration>,
+        pass: Pass,
+        rpc: F,
+    ) -> Result<Resp, ForwardError>
+    where
+        F: FnOnce(PeerClient<Channel>, tonic::Request<Req>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+    {
+        let attempt = Attempt::with(self, pass);
         self.metrics.rpc_attempt(&self.node_id);
         let timeout = timeout
             .unwrap_or(self.timeout)
@@ -256,22 +287,35 @@ impl Sender {
     }
 }
 
+/// How a call got past its peer's breaker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pass {
+    Closed,
+    /// The half-open breaker's probe.
+    Probe,
+    /// Past an open breaker (background work): only a success counts.
+    PastOpen,
+}
+
 /// One call's record in its peer's breaker. A call whose future is dropped
 /// before it finishes (its caller's deadline passed first) reports nothing
 /// on its own: dropping the attempt frees the breaker's probe slot, or a
 /// half-open breaker would refuse every call to that peer for good.
 struct Attempt<'a> {
     sender: &'a Sender,
-    /// This call holds the half-open breaker's probe slot.
-    probe: bool,
+    pass: Pass,
     done: bool,
 }
 
 impl<'a> Attempt<'a> {
     fn new(sender: &'a Sender, probe: bool) -> Attempt<'a> {
+        Attempt::with(sender, if probe { Pass::Probe } else { Pass::Closed })
+    }
+
+    fn with(sender: &'a Sender, pass: Pass) -> Attempt<'a> {
         Attempt {
             sender,
-            probe,
+            pass,
             done: false,
         }
     }
@@ -280,7 +324,9 @@ impl<'a> Attempt<'a> {
         self.done = true;
         // A refusal came from a peer that answered: reachable.
         let reached = !matches!(outcome, Err(ForwardError::Unreachable { .. }));
-        self.sender.breaker.record(reached);
+        if reached || self.pass != Pass::PastOpen {
+            self.sender.breaker.record(reached);
+        }
         self.sender
             .metrics
             .breaker_state(&self.sender.node_id, self.sender.breaker.state().gauge());
@@ -289,7 +335,7 @@ impl<'a> Attempt<'a> {
 
 impl Drop for Attempt<'_> {
     fn drop(&mut self) {
-        if !self.done && self.probe {
+        if !self.done && self.pass == Pass::Probe {
             self.sender.breaker.abandon();
         }
     }
