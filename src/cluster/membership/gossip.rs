@@ -256,7 +256,11 @@ impl Gossip {
                 self.presence.set_fenced(returning.is_some());
                 let heard = hearing.within(deaf_after, &view);
                 deaf = view.size > 1 && (heard + 1) * 2 <= view.size;
-                let cut_off = view.self_suspected() || deaf;
+                // Unheard: its outbound gossip lost, the others will bury
+                // it as they would a node cut off (simulator seeds 119,
+                // 151, 176 of `--mix any`: it owned for the whole cut).
+                let unheard = view.size > 1 && hearing.unheard_for() >= deaf_after;
+                let cut_off = view.self_suspected() || deaf || unheard;
                 if cut_off != self.presence.cut_off() {
                     // A joining node owns nothing anyway: no word of it.
                     let word = cut_off && self.presence.lifecycle() == Lifecycle::Ready;
@@ -271,6 +275,11 @@ impl Gossip {
                             heard,
                             size = view.size,
                             "no majority heard lately: owning nothing until one is"
+                        );
+                    } else if word && unheard {
+                        tracing::warn!(
+                            unheard_for = ?hearing.unheard_for(),
+                            "no peer has heard this node lately (its outbound gossip lost?): owning nothing until one has"
                         );
                     }
                     self.presence.set_cut_off(cut_off);

@@ -15,7 +15,7 @@
 //! nodes off. Only ready members of the view, at their generation,
 //! count: the ones that could vote to bury this node.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use chitchat::{ChitchatId, Heartbeat, NodeState};
@@ -46,12 +46,26 @@ fn votes(view: &ClusterView, id: &ChitchatId) -> bool {
             .is_some_and(|m| m.generation == id.generation_id && m.state == Lifecycle::Ready)
 }
 
-/// When each peer was last heard from.
+/// This node's own heartbeats kept to date its peers' word of it: this
+/// long back, at most this many, one per this gap at most (readings come
+/// on events too: a burst must not crowd the span out). A peer's word
+/// older than every reading kept dates from before the oldest: the rule
+/// fires for any `away_after` under the span (a cold review).
+const MINE_KEPT: Duration = Duration::from_secs(30);
+const MINE_MAX: usize = 4_096;
+const MINE_GAP: Duration = Duration::from_millis(10);
+
+/// When each peer was last heard from, and when this node was last heard
+/// by any.
 #[derive(Default)]
 pub(super) struct Hearing {
     /// Each peer's pulse, and when it last moved on (`None`: not since it
     /// was first read).
     last: BTreeMap<ChitchatId, (Pulse, Option<tokio::time::Instant>)>,
+    /// This node's heartbeat as each reading found it, oldest first.
+    mine: VecDeque<(tokio::time::Instant, Heartbeat)>,
+    /// The highest heartbeat of this node a peer's digest carried.
+    heard_me: Heartbeat,
 }
 
 impl Hearing {
@@ -59,6 +73,22 @@ impl Hearing {
         let now = tokio::time::Instant::now();
         let me = cc.self_chitchat_id();
         let states = cc.node_states();
+        if let Some(s) = states.get(me)
+            && self.mine.back().is_none_or(|&(at, h)| {
+                h < s.heartbeat() && now.saturating_duration_since(at) >= MINE_GAP
+            })
+        {
+            self.mine.push_back((now, s.heartbeat()));
+        }
+        while self.mine.len() > MINE_MAX
+            || self
+                .mine
+                .front()
+                .is_some_and(|&(at, _)| now.saturating_duration_since(at) > MINE_KEPT)
+        {
+            self.mine.pop_front();
+        }
+        self.heard_me = self.heard_me.max(cc.self_heartbeat_heard());
         self.last.retain(|id, _| states.contains_key(id));
         for (id, s) in states.iter().filter(|(id, _)| *id != me) {
             let pulse = Pulse::of(s);
@@ -70,6 +100,23 @@ impl Hearing {
                     self.last.insert(id.clone(), (pulse, None));
                 }
             }
+        }
+    }
+
+    /// How long since some peer last heard this node, as the digests it
+    /// received say: the age of the newest heartbeat of its own any of
+    /// them carried (dated by the reading that first found it, so a
+    /// round late at most). A digest in answer to this node's own carries
+    /// its heartbeat of that moment, so a node heard at all is heard
+    /// within a round trip; a node whose outbound gossip is lost hears
+    /// its peers (their digests move their heartbeats on) and learns from
+    /// the same digests that none of them hears it.
+    pub(super) fn unheard_for(&self) -> Duration {
+        let now = tokio::time::Instant::now();
+        match self.mine.iter().find(|&&(_, h)| h >= self.heard_me) {
+            Some(&(at, _)) => now.saturating_duration_since(at),
+            // Heard past every reading (or none yet): heard now.
+            None => Duration::ZERO,
         }
     }
 

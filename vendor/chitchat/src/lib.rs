@@ -90,6 +90,9 @@ pub struct Chitchat {
     previous_live_nodes: HashMap<ChitchatId, Version>,
     live_nodes_watcher_tx: watch::Sender<BTreeMap<ChitchatId, NodeState>>,
     live_nodes_watcher_rx: watch::Receiver<BTreeMap<ChitchatId, NodeState>>,
+    /// Sluice patch: the highest heartbeat of this node any digest it
+    /// received carried — how far its peers have heard it.
+    pub(crate) self_heartbeat_heard: Heartbeat,
 }
 
 impl Chitchat {
@@ -108,6 +111,7 @@ impl Chitchat {
             previous_live_nodes,
             live_nodes_watcher_tx,
             live_nodes_watcher_rx,
+            self_heartbeat_heard: Heartbeat(0),
         };
 
         let self_node_state = chitchat.self_node_state();
@@ -135,8 +139,20 @@ impl Chitchat {
     /// the cluster.
     fn report_heartbeats_in_digest(&mut self, digest: &Digest) {
         for (chitchat_id, node_digest) in &digest.node_digests {
+            // Sluice patch: how far the sender has heard this node.
+            if chitchat_id == self.self_chitchat_id() {
+                self.self_heartbeat_heard = self.self_heartbeat_heard.max(node_digest.heartbeat);
+            }
             self.report_heartbeat(chitchat_id, node_digest.heartbeat);
         }
+    }
+
+    /// Sluice patch: the highest heartbeat of this node that any digest it
+    /// received carried. A node whose outbound gossip is lost still hears
+    /// every peer's heartbeats (digests move them on); this is how it learns
+    /// that none of its peers hears it.
+    pub fn self_heartbeat_heard(&self) -> Heartbeat {
+        self.self_heartbeat_heard
     }
 
     fn process_delta(&mut self, delta: Delta) {

@@ -274,7 +274,17 @@ impl Server {
         message: ChitchatMessage,
     ) -> anyhow::Result<()> {
         // Handle gossip message from other servers.
-        let response = self.chitchat.lock().await.process_message(message);
+        let response = {
+            let mut chitchat = self.chitchat.lock().await;
+            // Sluice patch: a message from this node's own address says
+            // nothing of how far its peers heard it.
+            let heard = chitchat.self_heartbeat_heard;
+            let response = chitchat.process_message(message);
+            if from_addr == chitchat.self_chitchat_id().gossip_advertise_addr {
+                chitchat.self_heartbeat_heard = heard;
+            }
+            response
+        };
         // Send reply if necessary.
         if let Some(message) = response {
             self.transport.send(from_addr, message).await?;
@@ -298,9 +308,12 @@ impl Server {
             .filter(|chitchat_id| *chitchat_id != chitchat_guard.self_chitchat_id())
             .map(|chitchat_id| chitchat_id.gossip_advertise_addr)
             .collect::<HashSet<_>>();
+        // Sluice patch: an older generation of this node, dead, has this
+        // node's address: gossiping to it was talking to itself.
         let dead_nodes = chitchat_guard
             .dead_nodes()
             .map(|chitchat_id| chitchat_id.gossip_advertise_addr)
+            .filter(|addr| *addr != chitchat_guard.self_chitchat_id().gossip_advertise_addr)
             .collect::<HashSet<_>>();
         let seed_nodes: HashSet<SocketAddr> = chitchat_guard
             .seed_nodes()
