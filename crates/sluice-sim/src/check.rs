@@ -11,15 +11,17 @@
 //! the exact admissions that node answered as owner from [`LAG`] before
 //! it, reaching back over anything that held its replication up (another
 //! node paused or down, a gRPC cut of its own, a slow or lossy link), and
-//! the key's failed calls meanwhile (they may have counted). A key with
+//! the key's calls meanwhile not answered exactly — failed, refused or
+//! from a lease: a forward may have counted at the owner though its answer
+//! was lost. A key with
 //! synchronous replication loses no admission to a death (its owner
 //! answered exactly only once the replica holder had the decision): only
-//! its failed calls are allowed for. Every bound below allows exactly
+//! its calls not answered exactly are allowed for. Every bound below allows exactly
 //! that, each call counted once:
 //!
 //! 1. **No rollback.** An exact answer sent after another exact answer of
 //!    the same key came back shows no more remaining than it, beyond what
-//!    the deaths between the two may have lost (failed calls included:
+//!    the deaths between the two may have lost (calls not answered exactly included:
 //!    a lost one can move a later remaining up).
 //! 2. **No over-admission by exact answers.** Exact admissions ≤ limit +
 //!    the lost admissions; for `deny` keys, every admission counts (a
@@ -63,10 +65,10 @@ pub fn cut_off_fence() -> u64 {
     (away + away / 2 + c.gossip_interval * 2).as_millis() as u64
 }
 
-/// Two crashes this close (ms) can take a key's owner and its replica
-/// holder before either re-replicated it: failure detection and a
-/// majority's burial (out of the rings in 1–1.6 s at the defaults) and a
-/// replication round.
+/// Two crashes this close (ms) — counting only time a majority was up —
+/// can take a key's owner and its replica holder before either
+/// re-replicated it: failure detection and a majority's burial (out of
+/// the rings in 1–1.6 s at the defaults) and a replication round.
 pub const WIPE_WINDOW: u64 = 2_000;
 
 /// How long (ms) a crashed node's new process holds no copy after it
@@ -76,6 +78,10 @@ pub const WIPE_WINDOW: u64 = 2_000;
 /// window holds nothing yet (seed 57 of `--mix zones`: a zone back 150
 /// ms before two others crashed still counted as holding its copies).
 pub const REJOIN: u64 = 6_000;
+
+/// How long (ms) a crashed node's new process takes to join and vote
+/// (1–5 s at the defaults: once its view held still).
+pub const JOIN: u64 = 5_000;
 
 /// A pause at least this long (ns) may make a node give up its keys: it
 /// rejoins once its gossip loop's last round is `away_after` old (400 ms
@@ -227,8 +233,9 @@ impl Faults {
 
     /// When key `k`'s count may have been wiped out with R = 1 (ns): its
     /// owner and its replica holder both crashed, the second within
-    /// [`WIPE_WINDOW`] of the first (back by then or not: a new process
-    /// holds no copy until it rejoined) — no copy of it survives. The cluster then decides it in doubt (never exactly) for
+    /// [`WIPE_WINDOW`] of the first, counting only time a majority was up
+    /// (back by then or not: a new process holds no copy until it
+    /// rejoined) — no copy of it survives. The cluster then decides it in doubt (never exactly) for
     /// `in_doubt_grace`, and from its best copy after, counting the loss
     /// (`sluice_keys_taken_from_best_copy_total`): the instants returned
     /// are the earliest those graces can end (from the first crash: the
@@ -246,8 +253,12 @@ impl Faults {
                 // Each pair once (a before b; by node at the same instant).
                 let first = ta < tb || (ta == tb && a < b);
                 // Back within the window or not, a's new process holds
-                // nothing yet ([`REJOIN`]).
-                if a == b || !first || tb > ta + ms(WIPE_WINDOW) {
+                // nothing yet ([`REJOIN`]). The window counts only time a
+                // majority was up: without one no node is buried, none
+                // takes the first one's keys over to re-replicate them
+                // (seed 67 of `--mix zones`: a zone lost while a third
+                // node was paused, the other holder crashed 2.6 s later).
+                if a == b || !first || self.majority_up(s, ta, tb) > ms(WIPE_WINDOW) {
                     continue;
                 }
                 // The members that can hold a copy at the first crash: a
@@ -283,6 +294,30 @@ impl Faults {
         out
     }
 
+    /// How long (ns) within `[from, to]` a majority of the nodes was up:
+    /// started, not paused, and not down — a crashed node counts again
+    /// [`JOIN`] after it started (it votes once it has joined).
+    fn majority_up(&self, s: &Schedule, from: u64, to: u64) -> u64 {
+        const STEP: u64 = 10_000_000;
+        let up = |n: usize, t: u64| {
+            let started = s.late.iter().all(|&(m, at)| m != n || ms(at) <= t);
+            let crashed = self
+                .crashes
+                .iter()
+                .any(|&(m, down, back)| m == n && down <= t && t < back + ms(JOIN));
+            let held = self
+                .holds
+                .iter()
+                .any(|&(f, u, h)| matches!(h, Hold::Node(m) if m == n) && f <= t && t < u);
+            started && !crashed && !held
+        };
+        (from..to)
+            .step_by(STEP as usize)
+            .filter(|&t| (0..s.nodes).filter(|&n| up(n, t)).count() * 2 > s.nodes)
+            .count() as u64
+            * STEP
+    }
+
     /// From when a death of `node` at `at` may lose admissions (ns): `LAG`
     /// before it, and `LAG` before any hold of its replication that
     /// overlaps that window, back over overlapping holds.
@@ -311,9 +346,10 @@ impl Faults {
 }
 
 /// What one death may have lost of a key: the exact admissions its node
-/// answered as owner since the lag began, and the key's failed calls
-/// meanwhile (they may have counted — they can move a later answer's
-/// remaining up, never the admitted count).
+/// answered as owner since the lag began, and the key's calls answered
+/// otherwise meanwhile — failed, refused or from a lease (they may have
+/// counted at the owner — they can move a later answer's remaining up,
+/// never the admitted count).
 struct Lost {
     at: u64,
     admissions: Vec<usize>,
@@ -338,8 +374,16 @@ fn lost(faults: &Faults, calls: &[&Call], node: usize, at: u64, key: Key) -> Los
                     && c.owner() == Some(owner.as_str())
             })
             .collect(),
+        // A failed call may have counted; so may one asked of another
+        // node and not answered exactly: a forward whose answer was lost
+        // (the owner's outbound cut) is answered from a lease or refused,
+        // yet the owner applied it (seed 119 of `--mix any`). One the dead
+        // node answered itself without its count did not reach its count.
         failed: (0..calls.len())
-            .filter(|&i| within(calls[i]) && calls[i].failed() && calls[i].hits > 0)
+            .filter(|&i| {
+                let c = calls[i];
+                within(c) && c.hits > 0 && (c.failed() || (c.exact().is_none() && c.node != node))
+            })
             .collect(),
     }
 }
