@@ -34,6 +34,7 @@ mod batcher;
 pub mod codec;
 mod figures;
 mod sender;
+use sender::Pass;
 mod types;
 
 pub use figures::PeerFigures;
@@ -433,12 +434,9 @@ impl Peers {
         let (peer, probe) = self.admit(node_id)?;
         let request = self.sync_request(kind, states);
         peer.sender
-            .call(
-                request,
-                None,
-                probe,
-                |mut c, r| async move { c.sync(r).await },
-            )
+            .call(request, None, Pass::of(probe), |mut c, r| async move {
+                c.sync(r).await
+            })
             .await
             .map(|r| r.merged)
     }
@@ -451,7 +449,7 @@ impl Peers {
     /// `breaker_cooldown` (1 s) after a lossy link had healed (the
     /// simulator's seed 111 of `--mix any`). A push that lands closes the
     /// breaker for requests too; one past an open breaker that fails leaves
-    /// it as it was (see [`Sender::call_past_open`]).
+    /// it as it was (see [`Pass::PastOpen`]).
     pub async fn push_in_background(
         &self,
         node_id: &str,
@@ -461,14 +459,12 @@ impl Peers {
         let peer = self.peer(node_id)?;
         let request = self.sync_request(kind, states);
         let rpc = |mut c: PeerClient<Channel>, r| async move { c.sync(r).await };
-        let answer = match peer.sender.breaker.allow() {
-            Allow::No => peer.sender.call_past_open(request, rpc).await,
-            pass => {
-                peer.sender
-                    .call(request, None, pass == Allow::Probe, rpc)
-                    .await
-            }
+        let pass = match peer.sender.breaker.allow() {
+            Allow::No => Pass::PastOpen,
+            Allow::Probe => Pass::Probe,
+            Allow::Yes => Pass::Closed,
         };
+        let answer = peer.sender.call(request, None, pass, rpc).await;
         answer.map(|r| r.merged)
     }
 
@@ -552,9 +548,12 @@ impl Peers {
         };
         let response = peer
             .sender
-            .call(request, Some(wait), probe, |mut c, r| async move {
-                c.pull(r).await
-            })
+            .call(
+                request,
+                Some(wait),
+                Pass::of(probe),
+                |mut c, r| async move { c.pull(r).await },
+            )
             .await?;
         if response.mismatch {
             return Ok(Pulled::Mismatch);
@@ -614,9 +613,12 @@ impl Peers {
         let timeout = wait + self.inner.settings.timeout;
         let page = peer
             .sender
-            .call(request, Some(timeout), probe, |mut c, r| async move {
-                c.transfer(r).await
-            })
+            .call(
+                request,
+                Some(timeout),
+                Pass::of(probe),
+                |mut c, r| async move { c.transfer(r).await },
+            )
             .await?;
         let bounds = &self.inner.settings.bounds;
         let mut states = Vec::with_capacity(page.states.len());
@@ -661,9 +663,12 @@ impl Peers {
         };
         let r = peer
             .sender
-            .call(request, Some(budget), probe, |mut c, r| async move {
-                c.reset(r).await
-            })
+            .call(
+                request,
+                Some(budget),
+                Pass::of(probe),
+                |mut c, r| async move { c.reset(r).await },
+            )
             .await?;
         Ok(if r.redirect.is_empty() {
             ResetAnswer::Done { existed: r.existed }

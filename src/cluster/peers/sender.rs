@@ -76,39 +76,9 @@ impl Sender {
     }
 
     /// One authenticated unary call with a deadline (`timeout`, else the
-    /// forward timeout), fault hook and breaker; never retried.
+    /// forward timeout), fault hook and breaker (passed as `pass` says);
+    /// never retried.
     pub(super) async fn call<Req, Resp, F, Fut>(
-        &self,
-        request: Req,
-        timeout: Option<Duration>,
-        probe: bool,
-        rpc: F,
-    ) -> Result<Resp, ForwardError>
-    where
-        F: FnOnce(PeerClient<Channel>, tonic::Request<Req>) -> Fut,
-        Fut: std::future::Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
-    {
-        let pass = if probe { Pass::Probe } else { Pass::Closed };
-        self.call_as(request, timeout, pass, rpc).await
-    }
-
-    /// [`Sender::call`] for a call sent past an open breaker: its success
-    /// closes the breaker, its failure leaves it as it is — each failure
-    /// would otherwise start the cooldown again, and background calls
-    /// every round would hold it open for requests for good.
-    pub(super) async fn call_past_open<Req, Resp, F, Fut>(
-        &self,
-        request: Req,
-        rpc: F,
-    ) -> Result<Resp, ForwardError>
-    where
-        F: FnOnce(PeerClient<Channel>, tonic::Request<Req>) -> Fut,
-        Fut: std::future::Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
-    {
-        self.call_as(request, None, Pass::PastOpen, rpc).await
-    }
-
-    async fn call_as<Req, Resp, F, Fut>(
         &self,
         request: Req,
         timeout: Option<Duration>,
@@ -169,12 +139,9 @@ impl Sender {
             items,
         };
         let r = self
-            .call(
-                request,
-                None,
-                probe,
-                |mut c, r| async move { c.report(r).await },
-            )
+            .call(request, None, Pass::of(probe), |mut c, r| async move {
+                c.report(r).await
+            })
             .await?;
         if r.outcomes.len() != n {
             return Err(ForwardError::Unreachable {
@@ -289,11 +256,14 @@ impl Sender {
 
 /// How a call got past its peer's breaker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Pass {
+pub(super) enum Pass {
     Closed,
     /// The half-open breaker's probe.
     Probe,
-    /// Past an open breaker (background work): only a success counts.
+    /// Past an open breaker (background work): its success closes the
+    /// breaker, its failure leaves it as it is — each failure would
+    /// otherwise start the cooldown again, and background calls every
+    /// round would hold it open for requests for good.
     PastOpen,
 }
 
@@ -307,9 +277,15 @@ struct Attempt<'a> {
     done: bool,
 }
 
+impl Pass {
+    pub(super) fn of(probe: bool) -> Pass {
+        if probe { Pass::Probe } else { Pass::Closed }
+    }
+}
+
 impl<'a> Attempt<'a> {
     fn new(sender: &'a Sender, probe: bool) -> Attempt<'a> {
-        Attempt::with(sender, if probe { Pass::Probe } else { Pass::Closed })
+        Attempt::with(sender, Pass::of(probe))
     }
 
     fn with(sender: &'a Sender, pass: Pass) -> Attempt<'a> {
