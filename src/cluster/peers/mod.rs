@@ -29,12 +29,12 @@ use crate::proto::PEER_PROTOCOL_VERSION;
 use crate::proto::peer as pb;
 use crate::proto::peer::peer_client::PeerClient;
 use crate::store::key;
+use sender::Pass;
 
 mod batcher;
 pub mod codec;
 mod figures;
 mod sender;
-use sender::Pass;
 mod types;
 
 pub use figures::PeerFigures;

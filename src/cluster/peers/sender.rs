@@ -267,6 +267,12 @@ pub(super) enum Pass {
     PastOpen,
 }
 
+impl Pass {
+    pub(super) fn of(probe: bool) -> Pass {
+        if probe { Pass::Probe } else { Pass::Closed }
+    }
+}
+
 /// One call's record in its peer's breaker. A call whose future is dropped
 /// before it finishes (its caller's deadline passed first) reports nothing
 /// on its own: dropping the attempt frees the breaker's probe slot, or a
@@ -275,12 +281,6 @@ struct Attempt<'a> {
     sender: &'a Sender,
     pass: Pass,
     done: bool,
-}
-
-impl Pass {
-    pub(super) fn of(probe: bool) -> Pass {
-        if probe { Pass::Probe } else { Pass::Closed }
-    }
 }
 
 impl<'a> Attempt<'a> {
