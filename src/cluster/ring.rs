@@ -110,6 +110,23 @@ pub fn epoch_of<'a>(members: impl IntoIterator<Item = &'a Member>) -> u64 {
     xxh3_64(&buf)
 }
 
+/// The epoch of a ring over `members` (sorted by node id, one per id).
+/// Placement by zones is part of what it names (two rings of one epoch
+/// place every copy alike); zone-blind, it is the frozen epoch of the
+/// member set.
+fn ring_epoch(members: &[Member], spans_zones: bool) -> u64 {
+    let epoch = epoch_of(members);
+    if !spans_zones {
+        return epoch;
+    }
+    let mut buf = epoch.to_le_bytes().to_vec();
+    for m in members {
+        buf.extend_from_slice(m.zone.as_bytes());
+        buf.push(0);
+    }
+    xxh3_64(&buf)
+}
+
 impl Ring {
     /// A ring over `members`. Two entries with one node id (a restart seen
     /// twice) count once: the newer generation.
@@ -142,18 +159,7 @@ impl Ring {
             .collect();
         let unzoned: Vec<usize> = (0..members.len()).filter(|&i| zones[i].is_none()).collect();
         let spans_zones = unzoned.is_empty() && zones.iter().any(|z| *z != zones[0]);
-        // Placement by zones is part of what the epoch names (two rings of
-        // one epoch place every copy alike); zone-blind, it is the frozen
-        // epoch of the member set.
-        let mut epoch = epoch_of(&members);
-        if spans_zones {
-            let mut buf = epoch.to_le_bytes().to_vec();
-            for m in &members {
-                buf.extend_from_slice(m.zone.as_bytes());
-                buf.push(0);
-            }
-            epoch = xxh3_64(&buf);
-        }
+        let epoch = ring_epoch(&members, spans_zones);
         Ring {
             points,
             members,
@@ -226,6 +232,18 @@ impl Ring {
         }
         let (_, holder) = self.holders_without(key, |_| false);
         holder.map(|i| &self.members[i])
+    }
+
+    /// The epoch this ring has without the members `skip` names by their
+    /// index in [`Ring::members`] — that of `Ring::new` over the rest,
+    /// without building it.
+    pub fn epoch_without(&self, skip: impl Fn(usize) -> bool) -> u64 {
+        let left: Vec<Member> = (0..self.members.len())
+            .filter(|&i| !skip(i))
+            .map(|i| self.members[i].clone())
+            .collect();
+        let spans_zones = self.zoned_without(&skip).is_some();
+        ring_epoch(&left, spans_zones)
     }
 
     /// The owner and replica holder `key` had in this ring without the
@@ -313,6 +331,29 @@ mod tests {
 
     fn ring(ids: &[&str]) -> Ring {
         Ring::new(ids.iter().map(|i| member(i)))
+    }
+
+    #[test]
+    fn the_epoch_without_members_is_that_of_the_ring_of_the_rest() {
+        let specs = ["a@z1", "b@z2", "c@z1", "d@z3", "e"];
+        for n in 2..=specs.len() {
+            let all: Vec<Member> = specs[..n].iter().map(|s| zoned(s)).collect();
+            let r = Ring::new(all.clone());
+            for skipped in 0..n {
+                let rest = r
+                    .members()
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, _)| i != skipped)
+                    .map(|(_, m)| m.clone());
+                assert_eq!(
+                    r.epoch_without(|i| i == skipped),
+                    Ring::new(rest).epoch(),
+                    "{n} members, the one at {skipped} skipped"
+                );
+            }
+            assert_eq!(r.epoch_without(|_| false), r.epoch());
+        }
     }
 
     /// The mapping is a wire protocol: these vectors must never change.

@@ -75,6 +75,15 @@ pub struct Ended {
     pub taken: u64,
 }
 
+/// This node, as the doubt test reads it.
+pub struct Me<'a> {
+    pub id: &'a str,
+    /// Whether the owner named said this node holds every replica of its
+    /// keys that the ring of the epoch given makes it the holder of
+    /// (`caught_up.rs`): only then is it their holder of record there.
+    pub confirmed: &'a dyn Fn(&str, u64) -> bool,
+}
+
 /// A change of view as [`Doubts::changed`] reads it.
 #[derive(Debug)]
 pub struct Change<'a> {
@@ -358,7 +367,7 @@ impl Doubts {
     /// Whether `k`, which this node owns now, is in doubt at `now`. A key found
     /// in doubt is remembered for the counts. Regions past their grace end
     /// here (what they came to is added to `ended`).
-    pub fn in_doubt(&self, k: &[u8], now: Nanos, ended: &mut Ended) -> bool {
+    pub fn in_doubt(&self, k: &[u8], now: Nanos, ended: &mut Ended, me: &Me<'_>) -> bool {
         if !self.any.load(Ordering::Acquire) {
             return false;
         }
@@ -367,7 +376,7 @@ impl Doubts {
         let mut doubt = false;
         let mut hash = None;
         for r in regions.iter_mut() {
-            if r.can_cover() && r.covers(k, now) {
+            if r.can_cover() && r.covers(k, now, me) {
                 doubt = true;
                 let h = *hash.get_or_insert_with(|| key_hash(k));
                 if !r.keys.contains(&h) {
@@ -456,7 +465,12 @@ impl super::Limiter {
             return false;
         }
         let mut ended = Ended::default();
-        let doubt = doubts.in_doubt(k, self.now(), &mut ended);
+        let catch_up = &self.shared.catch_up;
+        let me = Me {
+            id: &self.shared.node_id,
+            confirmed: &|owner, epoch| catch_up.confirmed(owner, epoch),
+        };
+        let doubt = doubts.in_doubt(k, self.now(), &mut ended, &me);
         self.doubts_ended(ended);
         doubt
     }

@@ -152,10 +152,12 @@ impl Region {
 
     /// Whether `k` (owned by this node now) is in doubt under this region
     /// at `now`: in a ring of the chain its owner and that owner's replica
-    /// holder are both gone (so this node was neither), and the grace from
-    /// the later of their losses has not passed.
-    pub(super) fn covers(&self, k: &[u8], now: Nanos) -> bool {
+    /// holder are both gone (so this node was neither, or was the holder
+    /// before the owner said it held the owner's replicas: `me`), and the
+    /// grace from the later of their losses has not passed.
+    pub(super) fn covers(&self, k: &[u8], now: Nanos, me: &super::Me<'_>) -> bool {
         let members = self.previous.members();
+        let me_at = self.index(me.id);
         // This node is never among the gone of a region it opened; of an
         // adopted one, only as an older generation (another process).
         let gone = |i: usize| self.gone.iter().any(|(id, _)| *id == members[i].node_id);
@@ -173,6 +175,26 @@ impl Region {
             let Some(owner) = owner else {
                 return false;
             };
+            // Named the key's replica holder, this node did not hold its
+            // copy until the owner said so (`caught_up.rs`): whose copy
+            // it was is read from the ring without it — the holder before,
+            // or none (simulator seed 575 of `--mix any`).
+            let ring_epoch = || match s {
+                0 => self.previous.epoch(),
+                _ => self.previous.epoch_without(skipped),
+            };
+            // (Named there at an older generation, gone — another process,
+            // whose copies died with it — it is a holder lost as any.)
+            let holder = match (holder, me_at) {
+                (Some(h), Some(m))
+                    if h == m
+                        && !gone(m)
+                        && !(me.confirmed)(&members[owner].node_id, ring_epoch()) =>
+                {
+                    self.previous.holders_without(k, |i| skipped(i) || i == m).1
+                }
+                (h, _) => h,
+            };
             if !gone(owner) || holder.is_some_and(|h| !gone(h)) {
                 return false;
             }
@@ -182,9 +204,11 @@ impl Region {
     }
 
     /// Whether any key can be in doubt under it: an owner and its replica
-    /// holder are two members, both gone (or the ring had one member).
+    /// holder are two members, both gone (or the ring had one member, or
+    /// two: the other may have been this node before its owner said it
+    /// held its replicas).
     pub(super) fn can_cover(&self) -> bool {
-        self.gone.len() >= 2 || self.previous.members().len() <= 1
+        self.gone.len() >= 2 || self.previous.members().len() <= 2
     }
 
     pub(super) fn counted(&self) -> u64 {

@@ -58,6 +58,15 @@ fn word_of(gone: &[(&str, u64)], secs: u64) -> Vec<PublishedDoubt> {
     }]
 }
 
+/// A node every owner said holds its replicas: the ring's word on holders
+/// stands (an id in no ring).
+fn anyone() -> Me<'static> {
+    Me {
+        id: "",
+        confirmed: &|_, _| true,
+    }
+}
+
 /// `me` moves from `previous` to a view with `live` peers.
 fn change(d: &Doubts, me: &str, previous: &Arc<Ring>, live: &[Heard], at: Nanos) -> Ended {
     d.changed(&Change { me, previous, live }, at)
@@ -70,10 +79,16 @@ fn owner_and_replica_holder_gone_puts_the_key_in_doubt_until_the_grace() {
     let k = key_of(&before, "a", "b");
     change(&d, "c", &before, &live(&[]), 20 * S);
     let mut ended = Ended::default();
-    assert!(d.in_doubt(&k, 21 * S, &mut ended));
-    assert!(d.in_doubt(&k, 29 * S, &mut ended), "burial does not end it");
+    assert!(d.in_doubt(&k, 21 * S, &mut ended, &anyone()));
+    assert!(
+        d.in_doubt(&k, 29 * S, &mut ended, &anyone()),
+        "burial does not end it"
+    );
     assert_eq!(d.figures(), (1, 1));
-    assert!(!d.in_doubt(&k, 30 * S, &mut ended), "past the grace");
+    assert!(
+        !d.in_doubt(&k, 30 * S, &mut ended, &anyone()),
+        "past the grace"
+    );
     assert_eq!(ended, Ended { taken: 1 });
     assert_eq!(d.figures(), (0, 0));
 }
@@ -89,7 +104,7 @@ fn one_loss_alone_puts_nothing_in_doubt_and_costs_one_load() {
     );
     let mut ended = Ended::default();
     for (o, r) in [("a", "b"), ("a", "c"), ("b", "a"), ("c", "a")] {
-        assert!(!d.in_doubt(&key_of(&before, o, r), 2 * S, &mut ended));
+        assert!(!d.in_doubt(&key_of(&before, o, r), 2 * S, &mut ended, &anyone()));
     }
 }
 
@@ -109,7 +124,7 @@ fn an_owner_and_its_replica_holder_lost_a_view_apart_are_one_fault() {
     let v1 = ring(&["a", "c", "d"]);
     change(&d, "d", &v1, &live(&["c"]), 2 * S);
     let mut ended = Ended::default();
-    assert!(d.in_doubt(&k, 3 * S, &mut ended));
+    assert!(d.in_doubt(&k, 3 * S, &mut ended, &anyone()));
 }
 
 #[test]
@@ -121,14 +136,14 @@ fn a_live_holder_of_record_settles_the_key_and_one_back_resolves_it() {
     let k_bc = key_of(&before, "b", "c");
     change(&d, "c", &before, &live(&[]), S);
     let mut ended = Ended::default();
-    assert!(d.in_doubt(&k_ab, 2 * S, &mut ended));
+    assert!(d.in_doubt(&k_ab, 2 * S, &mut ended, &anyone()));
     // c was a's or b's replica holder: its copy is of record.
-    assert!(!d.in_doubt(&k_ac, 2 * S, &mut ended));
-    assert!(!d.in_doubt(&k_bc, 2 * S, &mut ended));
+    assert!(!d.in_doubt(&k_ac, 2 * S, &mut ended, &anyone()));
+    assert!(!d.in_doubt(&k_bc, 2 * S, &mut ended, &anyone()));
     // a comes back (same generation: it was paused): one holder of
     // record answers, the key is settled.
     change(&d, "c", &ring(&["c"]), &live(&["a"]), 3 * S);
-    assert!(!d.in_doubt(&k_ab, 4 * S, &mut ended));
+    assert!(!d.in_doubt(&k_ab, 4 * S, &mut ended, &anyone()));
     // b too: resolved, nothing taken from a best copy.
     change(&d, "c", &ring(&["a", "c"]), &live(&["a", "b"]), 5 * S);
     assert_eq!(d.figures(), (0, 0));
@@ -144,8 +159,14 @@ fn a_member_back_with_a_new_generation_does_not_resolve_it() {
     let restarted = vec![heard("a", 2, 2), heard("b", 2, 2)];
     let mut ended = Ended::default();
     change(&d, "c", &ring(&["c"]), &restarted, 2 * S);
-    assert!(d.in_doubt(&k, 3 * S, &mut ended), "its state was lost");
-    assert!(!d.in_doubt(&k, 11 * S, &mut ended), "past the grace");
+    assert!(
+        d.in_doubt(&k, 3 * S, &mut ended, &anyone()),
+        "its state was lost"
+    );
+    assert!(
+        !d.in_doubt(&k, 11 * S, &mut ended, &anyone()),
+        "past the grace"
+    );
     assert_eq!(ended, Ended { taken: 1 });
 }
 
@@ -178,13 +199,16 @@ fn a_rejoined_node_forgets_its_own_regions_and_adopts_its_peers() {
     );
     let mut ended = Ended::default();
     assert!(
-        !b.in_doubt(&k, 2 * S, &mut ended),
+        !b.in_doubt(&k, 2 * S, &mut ended, &anyone()),
         "the old ring says: its own"
     );
 
     b.forget();
     assert_eq!(b.adopt(&word, &now, &hears, &heard("b", 1, 1), S), 1);
-    assert!(b.in_doubt(&k, 2 * S, &mut ended), "c and d held it last");
+    assert!(
+        b.in_doubt(&k, 2 * S, &mut ended, &anyone()),
+        "c and d held it last"
+    );
 }
 
 /// A holder paused past its burial rejoins under a newer generation,
@@ -197,13 +221,16 @@ fn a_process_back_under_a_newer_generation_resolves_it() {
     let k = key_of(&before, "a", "b");
     change(&d, "c", &before, &live(&[]), S);
     let mut ended = Ended::default();
-    assert!(d.in_doubt(&k, 2 * S, &mut ended));
+    assert!(d.in_doubt(&k, 2 * S, &mut ended, &anyone()));
     // a restarted (born anew); b rejoined (born at 1, now 3).
     let back = vec![heard("a", 2, 2), heard("b", 1, 3)];
     change(&d, "c", &ring(&["c"]), &back, 3 * S);
-    assert!(!d.in_doubt(&k, 4 * S, &mut ended), "b's copy is back");
+    assert!(
+        !d.in_doubt(&k, 4 * S, &mut ended, &anyone()),
+        "b's copy is back"
+    );
     assert_eq!(d.figures(), (0, 0), "nothing in doubt, nothing counted");
-    assert!(!d.in_doubt(&k, 12 * S, &mut ended));
+    assert!(!d.in_doubt(&k, 12 * S, &mut ended, &anyone()));
     assert_eq!(ended, Ended { taken: 0 }, "nothing taken from a best copy");
 }
 
@@ -237,11 +264,11 @@ fn a_restarted_node_adopts_the_region_a_survivor_publishes() {
     );
     let mut ended = Ended::default();
     assert!(
-        restarted.in_doubt(&k, 101 * S, &mut ended),
+        restarted.in_doubt(&k, 101 * S, &mut ended, &anyone()),
         "a's old generation lost it"
     );
     assert!(
-        !restarted.in_doubt(&k_ac, 101 * S, &mut ended),
+        !restarted.in_doubt(&k_ac, 101 * S, &mut ended, &anyone()),
         "c held it: of record"
     );
     // Adopted once: not again (from the same word, or after it ends).
@@ -250,7 +277,7 @@ fn a_restarted_node_adopts_the_region_a_survivor_publishes() {
         0
     );
     assert!(
-        !restarted.in_doubt(&k, 109 * S, &mut ended),
+        !restarted.in_doubt(&k, 109 * S, &mut ended, &anyone()),
         "the time left, from reading it"
     );
     assert_eq!(
@@ -331,10 +358,16 @@ fn an_ended_region_is_neither_reopened_nor_adopted_again() {
     change(&d, "c", &ring3, &live(&[]), S);
     let word = d.published(S);
     let mut ended = Ended::default();
-    assert!(d.in_doubt(&k, 2 * S, &mut ended));
-    assert!(!d.in_doubt(&k, 11 * S, &mut ended), "past the grace");
+    assert!(d.in_doubt(&k, 2 * S, &mut ended, &anyone()));
+    assert!(
+        !d.in_doubt(&k, 11 * S, &mut ended, &anyone()),
+        "past the grace"
+    );
     change(&d, "c", &ring3, &live(&[]), 12 * S);
-    assert!(!d.in_doubt(&k, 12 * S, &mut ended), "not reopened");
+    assert!(
+        !d.in_doubt(&k, 12 * S, &mut ended, &anyone()),
+        "not reopened"
+    );
     assert_eq!(
         d.adopt(&word, &ring3, &live(&[]), &heard("c", 1, 1), 13 * S),
         0,
@@ -346,7 +379,7 @@ fn an_ended_region_is_neither_reopened_nor_adopted_again() {
     assert_eq!(d.accept_all().0, 1);
     change(&d, "c", &ring3, &live(&[]), 2 * S);
     assert!(
-        !d.in_doubt(&k, 2 * S, &mut ended),
+        !d.in_doubt(&k, 2 * S, &mut ended, &anyone()),
         "accepted stays accepted"
     );
 }
@@ -380,9 +413,12 @@ fn a_stale_word_puts_in_doubt_only_what_this_node_does_not_hear() {
     let hears = live(&["b", "e"]);
     assert_eq!(a.adopt(&word, &before, &hears, &heard("a", 1, 1), 2 * S), 1);
     let mut ended = Ended::default();
-    assert!(!a.in_doubt(&mine, 3 * S, &mut ended), "a's own key");
     assert!(
-        a.in_doubt(&of_c_and_d, 3 * S, &mut ended),
+        !a.in_doubt(&mine, 3 * S, &mut ended, &anyone()),
+        "a's own key"
+    );
+    assert!(
+        a.in_doubt(&of_c_and_d, 3 * S, &mut ended, &anyone()),
         "neither holder heard here"
     );
     // Once: the same word again adopts nothing.
@@ -421,7 +457,10 @@ fn a_node_named_at_an_older_generation_is_not_a_holder_of_record() {
     let rejoined = heard("b", 1, 3);
     assert_eq!(b.adopt(&word, &now, &live(&["d", "e"]), &rejoined, S), 1);
     let mut ended = Ended::default();
-    assert!(b.in_doubt(&k, 2 * S, &mut ended), "a and c held it last");
+    assert!(
+        b.in_doubt(&k, 2 * S, &mut ended, &anyone()),
+        "a and c held it last"
+    );
 
     // Named at its generation now (never buried), b was in that ring
     // as it is: k's replica was its own.
@@ -431,7 +470,10 @@ fn a_node_named_at_an_older_generation_is_not_a_holder_of_record() {
         never_away.adopt(&word_now, &now, &live(&["d", "e"]), &rejoined, S),
         1
     );
-    assert!(!never_away.in_doubt(&k, 2 * S, &mut ended), "b held it");
+    assert!(
+        !never_away.in_doubt(&k, 2 * S, &mut ended, &anyone()),
+        "b held it"
+    );
 }
 
 /// Simulator seed 89, the keys' side: a (k's owner) went on deciding k
@@ -470,7 +512,7 @@ fn a_holder_replaced_before_the_owner_went_does_not_end_the_doubt() {
         1
     );
     assert!(
-        restarted.in_doubt(&k, 4 * S, &mut ended),
+        restarted.in_doubt(&k, 4 * S, &mut ended, &anyone()),
         "a's old process lost it"
     );
     change(
@@ -480,10 +522,10 @@ fn a_holder_replaced_before_the_owner_went_does_not_end_the_doubt() {
         &live(&["c", "e"]),
         5 * S,
     );
-    assert!(restarted.in_doubt(&k, 6 * S, &mut ended));
+    assert!(restarted.in_doubt(&k, 6 * S, &mut ended, &anyone()));
     change(&restarted, "a", &a_now(&["c", "e"]), &b_back, 7 * S);
     assert!(
-        restarted.in_doubt(&k, 8 * S, &mut ended),
+        restarted.in_doubt(&k, 8 * S, &mut ended, &anyone()),
         "b's copy is from before k's last decisions"
     );
 
@@ -522,10 +564,10 @@ fn a_holder_replaced_before_the_owner_went_does_not_end_the_doubt() {
     // (The region naming b covers k; the later one alone would not: its
     // ring is rebuilt with b in it. Both, or the first alone.)
     assert!(late.adopt(&late_word, &ring_now, &b_now, &me, 9 * S) >= 1);
-    assert!(late.in_doubt(&k, 10 * S, &mut ended));
+    assert!(late.in_doubt(&k, 10 * S, &mut ended, &anyone()));
     // A key whose holders after b's loss include a live member is not.
     let fine = key_where(&v0, "a", "b", |k| &*v1.successor(k).unwrap().node_id == "c");
-    assert!(!late.in_doubt(&fine, 10 * S, &mut ended));
+    assert!(!late.in_doubt(&fine, 10 * S, &mut ended, &anyone()));
 }
 
 /// A loss that joins a region restarts its grace: the keys of the ring
@@ -541,10 +583,10 @@ fn a_later_loss_restarts_the_grace() {
     change(&d, "e", &ring(&["c", "d", "e"]), &live(&["c"]), 8 * S);
     let mut ended = Ended::default();
     assert!(
-        d.in_doubt(&k, 17 * S, &mut ended),
+        d.in_doubt(&k, 17 * S, &mut ended, &anyone()),
         "10 s from d's loss, not b's"
     );
-    assert!(!d.in_doubt(&k, 18 * S, &mut ended));
+    assert!(!d.in_doubt(&k, 18 * S, &mut ended, &anyone()));
 }
 
 /// A key's doubt runs the grace from its second holder's loss: a later
@@ -558,11 +600,14 @@ fn an_unrelated_loss_does_not_lengthen_a_keys_doubt() {
     let k = key_of(&v0, "a", "b");
     change(&d, "e", &v0, &live(&["c", "d"]), S);
     let mut ended = Ended::default();
-    assert!(d.in_doubt(&k, 10 * S, &mut ended));
+    assert!(d.in_doubt(&k, 10 * S, &mut ended, &anyone()));
     // c is lost at 6 s, and j (joined after v0) at 7 s.
     change(&d, "e", &ring(&["c", "d", "e"]), &live(&["d"]), 6 * S);
     change(&d, "e", &ring(&["d", "e", "j"]), &live(&["d"]), 7 * S);
-    assert!(!d.in_doubt(&k, 11 * S, &mut ended), "10 s from b's loss");
+    assert!(
+        !d.in_doubt(&k, 11 * S, &mut ended, &anyone()),
+        "10 s from b's loss"
+    );
     // c and j are gone (each once), a and b too: the region goes on.
     let word = d.published(11 * S);
     let named: Vec<&str> = word
@@ -597,12 +642,12 @@ fn a_holder_lost_again_restarts_its_keys_grace() {
         3 * S,
     );
     let mut ended = Ended::default();
-    assert!(d.in_doubt(&k, 4 * S, &mut ended));
+    assert!(d.in_doubt(&k, 4 * S, &mut ended, &anyone()));
     // a is back (the same process, rejoined), then lost again at 9 s.
     let a_back = [heard("a", 1, 2), heard("c", 1, 1), heard("d", 1, 1)];
     change(&d, "e", &ring(&["c", "d", "e"]), &a_back, 5 * S);
     assert!(
-        !d.in_doubt(&k, 6 * S, &mut ended),
+        !d.in_doubt(&k, 6 * S, &mut ended, &anyone()),
         "a holder of record is back"
     );
     let with_a = Arc::new(Ring::new([
@@ -613,10 +658,10 @@ fn a_holder_lost_again_restarts_its_keys_grace() {
     ]));
     change(&d, "e", &with_a, &live(&["c", "d"]), 9 * S);
     assert!(
-        d.in_doubt(&k, 18 * S, &mut ended),
+        d.in_doubt(&k, 18 * S, &mut ended, &anyone()),
         "10 s from a's last loss"
     );
-    assert!(!d.in_doubt(&k, 19 * S, &mut ended));
+    assert!(!d.in_doubt(&k, 19 * S, &mut ended, &anyone()));
 }
 
 /// Six members in three zones of two: "a@z1" is a in zone z1.
@@ -654,7 +699,10 @@ fn a_zone_lost_at_once_puts_no_key_in_doubt_when_replicas_span_zones() {
     let mut ended = Ended::default();
     let here = Doubts::new(10 * S);
     change(&here, "a", &zoned, &live(&["b", "e", "f"]), S);
-    assert!(keys.iter().all(|k| !here.in_doubt(k, 2 * S, &mut ended)));
+    assert!(
+        keys.iter()
+            .all(|k| !here.in_doubt(k, 2 * S, &mut ended, &anyone()))
+    );
     let word = here.published(S);
     assert_eq!(word.len(), 1, "the region is published all the same");
     assert_eq!(&*word[0].zone_of("c"), "z2");
@@ -664,7 +712,10 @@ fn a_zone_lost_at_once_puts_no_key_in_doubt_when_replicas_span_zones() {
     let hears = live(&["a", "b", "e", "f"]);
     let g = Doubts::new(10 * S);
     assert_eq!(g.adopt(&word, &now, &hears, &heard("g", 1, 1), S), 1);
-    assert!(keys.iter().all(|k| !g.in_doubt(k, 2 * S, &mut ended)));
+    assert!(
+        keys.iter()
+            .all(|k| !g.in_doubt(k, 2 * S, &mut ended, &anyone()))
+    );
     // The same word without its zones: the adopter's ring is zone-blind.
     let blind_word: Vec<PublishedDoubt> = word
         .iter()
@@ -675,14 +726,17 @@ fn a_zone_lost_at_once_puts_no_key_in_doubt_when_replicas_span_zones() {
         .collect();
     let g = Doubts::new(10 * S);
     assert_eq!(g.adopt(&blind_word, &now, &hears, &heard("g", 1, 1), S), 1);
-    assert!(keys.iter().any(|k| g.in_doubt(k, 2 * S, &mut ended)));
+    assert!(
+        keys.iter()
+            .any(|k| g.in_doubt(k, 2 * S, &mut ended, &anyone()))
+    );
 
     let blind_here = Doubts::new(10 * S);
     change(&blind_here, "a", &blind, &live(&["b", "e", "f"]), S);
     assert!(
         both_in_zone
             .iter()
-            .all(|k| blind_here.in_doubt(k, 2 * S, &mut ended))
+            .all(|k| blind_here.in_doubt(k, 2 * S, &mut ended, &anyone()))
     );
 }
 

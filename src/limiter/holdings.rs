@@ -243,6 +243,7 @@ impl Limiter {
             .inc_by(rereplicated);
         let held: usize = sorted.buckets.values().map(Vec::len).sum();
         holdings.set(sorted.buckets);
+        self.catch_up_from(holdings.view);
         tracing::debug!(
             view = holdings.view,
             held,

@@ -18,6 +18,7 @@
 //! - `tiered`: hot keys on allotments; `envoy`: descriptors; `admin`.
 
 mod admin;
+mod caught_up;
 mod clients;
 mod confirm;
 mod doubt;
@@ -180,6 +181,9 @@ struct Shared {
     tiers: tiered::Tiers,
     /// Keys whose holders of record are gone (issue 39).
     doubts: doubt::Doubts,
+    /// Which members hold every replica of this node's keys, and which
+    /// owners said this node does (`caught_up.rs`).
+    catch_up: caught_up::CatchUp,
     /// The generation this process started as (a rejoin is a newer one;
     /// an older one was another process, its counts lost with it).
     born: u64,
@@ -235,6 +239,7 @@ impl Limiter {
                     parts.settings.client_allotments,
                 ),
                 doubts: doubt::Doubts::new(parts.settings.in_doubt_grace.as_nanos() as u64),
+                catch_up: caught_up::CatchUp::default(),
                 born: generation,
                 settings: parts.settings,
                 rates: rates::Rates::new(),
@@ -335,6 +340,7 @@ impl Limiter {
             live: &reachable,
         };
         let ended = self.shared.doubts.changed(&change, self.now());
+        self.forget_owners_but(&view.ring);
         self.doubts_ended(ended);
         self.adopt_doubts(view, &reachable);
         // Changes are worth queueing while another node could hold them.

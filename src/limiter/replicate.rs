@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use super::Limiter;
 use crate::cluster::peers::{Outgoing, SyncKind, codec as wire};
+use crate::cluster::ring::Ring;
 use crate::store::{Holding, Snapshot};
 
 /// What a leaving node handed off.
@@ -142,8 +143,10 @@ impl Limiter {
                     }
                 }
             }
+            failed
         });
-        futures::future::join_all(pushes).await;
+        let failed = futures::future::join_all(pushes).await.contains(&true);
+        self.after_round(failed);
         metrics
             .replication_pending
             .set(self.shared.store.changed_len() as i64);
@@ -161,6 +164,73 @@ impl Limiter {
             .set(oldest.map_or(0, |at| at.elapsed().as_micros() as i64));
         metrics.replication_rounds.inc();
         took
+    }
+
+    /// A leaving node passes on what it holds: each key it owns or holds
+    /// the replica of in `ring` (its ring with it) is pushed, as a copy, to
+    /// the key's replica holder in that ring without this node — beside
+    /// each other, until `within` has passed. Called before the leave is
+    /// announced, and again with the final states once its keys were
+    /// handed off. Without it a leave left a key's count on one member
+    /// until that member re-replicated to the new holder, and a leave opens
+    /// no region of doubt: the member lost meanwhile took the count with
+    /// it, and the new holder owned the key from nothing (simulator seed
+    /// 455 of `--mix any`: the leaver's key went to its replica holder,
+    /// cut off from the new holder and killed 201 ms later). The keys'
+    /// owners are untouched: the transfer and [`Self::hand_off`] carry
+    /// those. Returns the copies pushed and confirmed.
+    pub async fn pass_on_copies(&self, ring: &Ring, within: Duration) -> Handoff {
+        let me = &self.shared.node_id;
+        let Some(me_at) = ring.members().iter().position(|m| m.node_id == *me) else {
+            return Handoff::default();
+        };
+        let mut by_target: HashMap<Arc<str>, Vec<Outgoing>> = HashMap::new();
+        for (k, _) in self.shared.store.keys() {
+            let (owner, holder) = ring.holders_without(&k, |_| false);
+            if owner != Some(me_at) && holder != Some(me_at) {
+                continue;
+            }
+            let (_, next) = ring.holders_without(&k, |i| i == me_at);
+            let Some(next) = next.map(|i| &ring.members()[i]) else {
+                continue;
+            };
+            if next.protocol < 2 {
+                continue;
+            }
+            let state = self.shared.store.snapshot(&k);
+            if let Some(state) = state.and_then(|s| wire::outgoing(&k, &s)) {
+                by_target
+                    .entry(next.node_id.clone())
+                    .or_default()
+                    .push(state);
+            }
+        }
+        let peers = &self.shared.peers;
+        let report = std::sync::Mutex::new(Handoff::default());
+        let pushes = by_target.iter().map(|(to, states)| {
+            let report = &report;
+            async move {
+                for chunk in chunk_by_bytes(states, |s| s) {
+                    let pushed = peers
+                        .push_in_background(to, SyncKind::Replica, chunk.to_vec())
+                        .await;
+                    let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
+                    r.keys += chunk.len();
+                    match pushed {
+                        Ok(_) => r.confirmed += chunk.len(),
+                        Err(e) => {
+                            tracing::warn!(peer = %to, error = %e, "copies not passed on");
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        let all = futures::future::join_all(pushes);
+        if tokio::time::timeout(within, all).await.is_err() {
+            tracing::warn!("passing copies on: deadline reached");
+        }
+        report.into_inner().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A leaving node's last act: push what its new owners did not take

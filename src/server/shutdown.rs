@@ -6,7 +6,8 @@ use std::time::Duration;
 use super::*;
 
 impl Node {
-    /// Leave gracefully: announce `leaving` (peers drop this node from their
+    /// Leave gracefully: pass the copies it holds on to each key's next
+    /// replica holder, announce `leaving` (peers drop this node from their
     /// rings at once and ask it for their keys), keep answering — sending
     /// callers to the new owners — until every new owner has taken its keys
     /// (at least `leave_grace`, at most `handoff_timeout`), push what was
@@ -22,6 +23,12 @@ impl Node {
         self.limiter.stop_granting_to_apps();
         let apps_until = tokio::time::Instant::now() + self.limiter.apps_settle_within();
         self.readiness.set_serving(false).await;
+        // The ring with this node: whose keys it holds, and where each
+        // goes after it. Passed on before the leave, and again once its
+        // keys were handed off (what it decided meanwhile).
+        let ring = self.limiter.ring();
+        let pass_within = self.leave_grace.max(Duration::from_millis(500));
+        self.limiter.pass_on_copies(&ring, pass_within).await;
         self.membership.set_state(Lifecycle::Leaving).await;
         let started = tokio::time::Instant::now();
         let grace = started + self.leave_grace;
@@ -35,6 +42,7 @@ impl Node {
             .limiter
             .hand_off(within.max(Duration::from_millis(500)))
             .await;
+        let copies = self.limiter.pass_on_copies(&ring, pass_within).await;
         while tokio::time::Instant::now() < apps_until && self.limiter.apps_outstanding() > 0 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -54,6 +62,7 @@ impl Node {
         self.membership.announce_left().await;
         tracing::info!(
             taken = self.limiter.delivered(),
+            copies_passed_on = copies.confirmed,
             pushed = handoff.keys,
             confirmed = handoff.confirmed,
             reports = acked,

@@ -37,6 +37,9 @@ pub(super) async fn replicate(limiter: Limiter, interval: Duration, token: Cance
         tokio::select! {
             _ = token.cancelled() => return,
             _ = limiter.changes_waiting() => {}
+            // A view that moved nothing still owes its members the word
+            // that they hold what they should (`limiter/caught_up.rs`).
+            _ = limiter.catch_up_owed() => {}
         }
         loop {
             // A round that takes nothing still runs once after a burst: it

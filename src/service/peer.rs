@@ -266,6 +266,16 @@ impl Peer for PeerService {
         for (key, snapshot) in states {
             self.limiter.merge_snapshot(&key, snapshot);
         }
+        // After the states: the word covers what came before it.
+        if r.caught_up_epoch != 0 && r.kind == pb::SyncKind::Replica as i32 {
+            if r.from_node.is_empty() {
+                return Err(Status::invalid_argument(
+                    "from_node: required with caught_up_epoch",
+                ));
+            }
+            self.limiter
+                .owner_caught_up(&r.from_node, r.caught_up_epoch);
+        }
         Ok(Response::new(pb::SyncResponse { merged }))
     }
 

@@ -102,7 +102,7 @@ impl Store {
             max_keys: max_keys.max(1),
             budget: budget::Budget::new(max_memory),
             stats: StoreStats::default(),
-            changed: Mutex::new(std::collections::VecDeque::new()),
+            changed: Mutex::new(ChangeQueue::default()),
             queued: tokio::sync::Notify::new(),
             fence: AtomicU64::new(0),
             replicating: std::sync::atomic::AtomicBool::new(false),

@@ -7,8 +7,15 @@ use tokio::time::Instant;
 
 use super::{Entry, Snapshot, Store};
 
-/// Keys waiting for the replicator, each once, with when it changed.
-pub(super) type ChangeQueue = std::collections::VecDeque<(Arc<[u8]>, Instant)>;
+/// Keys waiting for the replicator, each once, with when it changed; and
+/// how many were ever queued and taken — the replicator's progress
+/// measure (see [`Store::queue_mark`]).
+#[derive(Debug, Default)]
+pub(super) struct ChangeQueue {
+    keys: std::collections::VecDeque<(Arc<[u8]>, Instant)>,
+    queued: u64,
+    taken: u64,
+}
 
 /// What the replicator takes in one round.
 pub struct Changed {
@@ -39,8 +46,9 @@ impl Store {
             let key = Arc::from(key); // allocated before the queue's lock
             let first = {
                 let mut changed = self.changed_lock();
-                changed.push_back((key, at));
-                changed.len() == 1
+                changed.keys.push_back((key, at));
+                changed.queued += 1;
+                changed.keys.len() == 1
             };
             if first {
                 // Once per empty-to-waiting, not per change: a busy queue
@@ -69,9 +77,10 @@ impl Store {
     pub fn take_changed(&self, max: usize) -> Changed {
         let (keys, oldest): (Vec<Arc<[u8]>>, Option<Instant>) = {
             let mut changed = self.changed_lock();
-            let n = changed.len().min(max);
-            let oldest = changed.front().map(|(_, at)| *at);
-            (changed.drain(..n).map(|(k, _)| k).collect(), oldest)
+            let n = changed.keys.len().min(max);
+            changed.taken += n as u64;
+            let oldest = changed.keys.front().map(|(_, at)| *at);
+            (changed.keys.drain(..n).map(|(k, _)| k).collect(), oldest)
         };
         let taken = keys
             .into_iter()
@@ -91,7 +100,7 @@ impl Store {
 
     /// When the oldest change still waiting for the replicator was made.
     pub fn oldest_changed(&self) -> Option<Instant> {
-        self.changed_lock().front().map(|(_, at)| *at)
+        self.changed_lock().keys.front().map(|(_, at)| *at)
     }
 
     /// Queue keys again (their replica holder did not confirm).
@@ -106,6 +115,20 @@ impl Store {
 
     /// Keys waiting for the replicator.
     pub fn changed_len(&self) -> usize {
-        self.changed_lock().len()
+        self.changed_lock().keys.len()
+    }
+
+    /// How many changes were ever queued: every key waiting now was queued
+    /// before this mark. Once [`Store::taken_past`] it, each was taken by
+    /// the replicator — a round since then that failed no push sent them
+    /// all (a failed push queues its keys again: take a new mark then).
+    pub fn queue_mark(&self) -> u64 {
+        self.changed_lock().queued
+    }
+
+    /// Whether the replicator has taken every change queued before `mark`
+    /// (the queue is first in, first out).
+    pub fn taken_past(&self, mark: u64) -> bool {
+        self.changed_lock().taken >= mark
     }
 }

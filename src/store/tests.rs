@@ -388,3 +388,31 @@ fn an_entry_stays_small() {
     // index's slot number and control byte: the README's sizing figure.
     assert_eq!(crate::store::INLINE_BYTES, 141);
 }
+
+#[test]
+fn the_queue_mark_is_taken_past_once_every_change_before_it_was_taken() {
+    let store = Store::new(100);
+    store.set_replicating(true);
+    let spec = spec(10);
+    for k in [&b"a"[..], b"b", b"c"] {
+        store.decide(k, &spec, Cost::hits(1), S);
+    }
+    let mark = store.queue_mark();
+    assert_eq!(mark, 3);
+    store.decide(b"d", &spec, Cost::hits(1), S);
+    assert_eq!(store.take_changed(2).states.len(), 2);
+    assert!(!store.taken_past(mark), "c waits");
+    // A change to a key already waiting queues nothing new.
+    store.decide(b"c", &spec, Cost::hits(1), 2 * S);
+    assert_eq!(store.queue_mark(), 4);
+    assert_eq!(store.take_changed(1).states.len(), 1);
+    assert!(store.taken_past(mark));
+    // Taken and queued again (a failed push): after the mark now.
+    let taken = store.take_changed(10);
+    store.requeue(
+        taken.states.into_iter().map(|(k, _)| k),
+        tokio::time::Instant::now(),
+    );
+    assert_eq!(store.queue_mark(), 5);
+    assert!(!store.taken_past(store.queue_mark()));
+}

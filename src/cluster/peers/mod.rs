@@ -456,8 +456,26 @@ impl Peers {
         kind: SyncKind,
         states: Vec<Outgoing>,
     ) -> Result<u32, ForwardError> {
+        self.sync_past_breaker(node_id, self.sync_request(kind, states))
+            .await
+    }
+
+    /// Tell `node_id` that it holds every state this node owns and that
+    /// the ring `epoch` makes it the replica holder of
+    /// (`limiter/caught_up.rs`). Past an open breaker, as a replication
+    /// round's push: it is one.
+    pub async fn tell_caught_up(&self, node_id: &str, epoch: u64) -> Result<(), ForwardError> {
+        let mut request = self.sync_request(SyncKind::Replica, Vec::new());
+        request.caught_up_epoch = epoch;
+        self.sync_past_breaker(node_id, request).await.map(|_| ())
+    }
+
+    async fn sync_past_breaker(
+        &self,
+        node_id: &str,
+        request: pb::SyncRequest,
+    ) -> Result<u32, ForwardError> {
         let peer = self.peer(node_id)?;
-        let request = self.sync_request(kind, states);
         let rpc = |mut c: PeerClient<Channel>, r| async move { c.sync(r).await };
         let pass = match peer.sender.breaker.allow() {
             Allow::No => Pass::PastOpen,
@@ -474,6 +492,7 @@ impl Peers {
             from_node: self.inner.self_id.to_string(),
             kind: codec::sync_kind_to_wire(kind) as i32,
             states: states.into_iter().map(|s| s.0).collect(),
+            caught_up_epoch: 0,
         }
     }
 

@@ -1,0 +1,367 @@
+//! Caught up: an owner's word to each member that it holds every replica
+//! the owner's ring gives it — what makes a replica holder a key's holder
+//! of record.
+//!
+//! A join names new replica holders at once (a new node, a restarted one,
+//! one back after being buried), but a new holder holds nothing of a key
+//! until the key's owner re-replicates to it. An owner lost before that
+//! (paused, then buried; killed) left the new holder owning the key as its
+//! holder of record — no doubt — from the copy it never received, while
+//! the previous holder, the one that did hold it, was lost too
+//! (simulator seed 575 of `--mix any`: a restarted leaver; seed 2 of
+//! `--mix stalls`: a late joiner). So a holder counts as the holder of
+//! record of an owner's keys in a ring only once that owner said so for
+//! that ring (by its epoch, which names every member's generation);
+//! before that, the doubt test reads the ring without it
+//! (`Region::covers`): the previous holder's copy, or doubt. The word
+//! names the ring, not only the holder: an owner back from a pause said
+//! it of a ring it was not in (true, and empty), and a holder that took
+//! it for the ring before owned a key it never held (seed 575 again).
+//!
+//! **The owner's side.** A holdings scan queues for replication every key
+//! whose replica holder changed (or that this node took over) and takes a
+//! mark of the queue. A replication round that has taken every change up
+//! to the mark, with no push failing since, sent every member what it
+//! holds of this node's keys in that view (changes made since are the
+//! ordinary lag). Each member of the ring not told of it is then told
+//! once, beside the others: a message per member per view change, as the
+//! transfer's asks are. A failed push takes a new mark (its
+//! keys were queued again before it). A member not told (its call failed)
+//! is told after a later round: until then it costs only a doubt it need
+//! not have had.
+//!
+//! **The holder's side.** The ring each owner last named, per owner, kept
+//! for the ring's members only.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::Limiter;
+use crate::cluster::ring::Ring;
+
+/// Owners remembered at most on the holder's side (the ring's members are
+/// kept at each view; a word from an unknown id beyond it is dropped).
+const MAX_OWNERS: usize = 4_096;
+
+/// Both sides, in the limiter's shared state. Std mutexes: held for a map
+/// lookup or update, never across an await.
+#[derive(Debug, Default)]
+pub(super) struct CatchUp {
+    progress: Mutex<Progress>,
+    heard: Mutex<HashMap<Arc<str>, u64>>,
+    /// A scan published a mark: the replicator runs a round for it though
+    /// no change waits (a view that moved nothing still owes the word).
+    pub(super) owed: tokio::sync::Notify,
+}
+
+/// The owner's side: how far its replication has caught up with its view.
+#[derive(Debug, Default)]
+pub(super) struct Progress {
+    /// The view whose scan took the mark.
+    view: u64,
+    /// The queue mark still to be taken past; None: caught up.
+    mark: Option<u64>,
+    /// Members told, and of which ring (its epoch).
+    told: HashMap<Arc<str>, u64>,
+}
+
+impl Progress {
+    /// A holdings scan for `view` queued its keys; the queue's mark now is
+    /// `mark`.
+    pub(super) fn scanned(&mut self, view: u64, mark: u64) {
+        self.view = view;
+        self.mark = Some(mark);
+    }
+
+    /// A replication round ended in `view`, with a push `failed` or not;
+    /// `mark_now` is the queue's mark after it, `taken_past` whether the
+    /// replicator took every change before a mark. Returns whether this
+    /// node is caught up with its view.
+    pub(super) fn round(
+        &mut self,
+        view: u64,
+        failed: bool,
+        mark_now: u64,
+        taken_past: impl Fn(u64) -> bool,
+    ) -> bool {
+        match self.mark {
+            Some(_) if failed => {
+                self.mark = Some(mark_now);
+                false
+            }
+            Some(m) if self.view == view && taken_past(m) => {
+                self.mark = None;
+                true
+            }
+            Some(_) => false,
+            None => self.view == view,
+        }
+    }
+
+    /// Members of `ring` (but `me`, and those too old to hear it) not told
+    /// of it, with its epoch; none if `me` is not in it (it owns nothing
+    /// there). Forgets members it has left.
+    pub(super) fn owed(&mut self, ring: &Ring, me: &str) -> Vec<(Arc<str>, u64)> {
+        self.told.retain(|id, _| ring.member(id).is_some());
+        if ring.member(me).is_none() {
+            return Vec::new();
+        }
+        let epoch = ring.epoch();
+        ring.members()
+            .iter()
+            .filter(|m| &*m.node_id != me && m.protocol >= 3)
+            .filter(|m| self.told.get(&m.node_id) != Some(&epoch))
+            .map(|m| (m.node_id.clone(), epoch))
+            .collect()
+    }
+}
+
+impl CatchUp {
+    pub(super) fn progress(&self) -> MutexGuard<'_, Progress> {
+        self.progress.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn heard(&self) -> MutexGuard<'_, HashMap<Arc<str>, u64>> {
+        self.heard.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `owner` said this node holds every replica of its keys
+    /// that the ring `epoch` gives it.
+    pub(super) fn confirmed(&self, owner: &str, epoch: u64) -> bool {
+        self.heard().get(owner) == Some(&epoch)
+    }
+}
+
+impl Limiter {
+    /// A holdings scan for `view` queued its keys: catching up starts.
+    pub(super) fn catch_up_from(&self, view: u64) {
+        let mark = self.shared.store.queue_mark();
+        self.shared.catch_up.progress().scanned(view, mark);
+        self.shared.catch_up.owed.notify_one();
+    }
+
+    /// Returns once a scan owes its members the word (a replication round
+    /// says it).
+    pub async fn catch_up_owed(&self) {
+        self.shared.catch_up.owed.notified().await
+    }
+
+    /// After a replication round: once caught up with the view, tell each
+    /// member not yet told, beside each other and beside the rounds (a
+    /// member that does not answer would hold a round up for a deadline).
+    /// Each is counted told when sent, and untold again if the call fails.
+    pub(super) fn after_round(&self, failed: bool) {
+        let t = self.shared.topology.load_full();
+        let store = &self.shared.store;
+        let owed = {
+            let mut p = self.shared.catch_up.progress();
+            let caught_up = p.round(t.holdings.view, failed, store.queue_mark(), |m| {
+                store.taken_past(m)
+            });
+            if !caught_up {
+                return;
+            }
+            let owed = p.owed(&t.ring, &self.shared.node_id);
+            p.told.extend(owed.iter().cloned());
+            owed
+        };
+        for (id, epoch) in owed {
+            let limiter = self.clone();
+            tokio::spawn(async move {
+                let told = limiter.shared.peers.tell_caught_up(&id, epoch).await;
+                if let Err(e) = told {
+                    tracing::debug!(peer = %id, error = %e, "caught-up word not delivered; told after a later round");
+                    let mut p = limiter.shared.catch_up.progress();
+                    if p.told.get(&id) == Some(&epoch) {
+                        p.told.remove(&id);
+                    }
+                }
+            });
+        }
+    }
+
+    /// `owner` said this node holds every replica of its keys that the
+    /// ring `epoch` gives it (a peer's Sync): the latest word stands.
+    pub fn owner_caught_up(&self, owner: &str, epoch: u64) {
+        let mut heard = self.shared.catch_up.heard();
+        if heard.len() >= MAX_OWNERS && !heard.contains_key(owner) {
+            return;
+        }
+        heard.insert(Arc::from(owner), epoch);
+    }
+
+    /// Forget the owners not in `ring` (each view).
+    pub(super) fn forget_owners_but(&self, ring: &Ring) {
+        self.shared
+            .catch_up
+            .heard()
+            .retain(|id, _| ring.member(id).is_some());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::doubt::{Change, Doubts, Ended, Heard, Me};
+    use super::*;
+    use crate::algorithm::Nanos;
+    use crate::cluster::ring::Member;
+
+    fn ring(members: &[(&str, u64)]) -> Ring {
+        Ring::new(members.iter().map(|&(id, generation)| Member {
+            node_id: Arc::from(id),
+            generation,
+            protocol: 3,
+            ..Member::default()
+        }))
+    }
+
+    #[test]
+    fn caught_up_once_the_mark_is_taken_past_with_no_push_failed() {
+        let mut p = Progress::default();
+        p.scanned(4, 10);
+        let taken = |upto: u64| move |m: u64| upto >= m;
+        assert!(
+            !p.round(4, false, 12, taken(9)),
+            "one change before the mark waits"
+        );
+        assert!(p.round(4, false, 12, taken(10)));
+        assert!(p.round(4, false, 12, taken(10)), "and stays so in its view");
+        assert!(
+            !p.round(5, false, 12, taken(12)),
+            "a newer view's scan is not published"
+        );
+    }
+
+    #[test]
+    fn a_failed_push_takes_a_new_mark() {
+        let mut p = Progress::default();
+        p.scanned(4, 10);
+        // The round took past the mark but a push failed: its keys were
+        // queued again, before the new mark.
+        assert!(!p.round(4, true, 15, |_| true));
+        assert!(!p.round(4, false, 15, |m| m <= 14));
+        assert!(p.round(4, false, 15, |m| m <= 15));
+    }
+
+    #[test]
+    fn a_scan_of_another_view_is_not_taken_for_this_one() {
+        let mut p = Progress::default();
+        p.scanned(4, 10);
+        assert!(!p.round(5, false, 10, |_| true));
+    }
+
+    #[test]
+    fn each_member_is_owed_the_word_once_per_ring() {
+        let mut p = Progress::default();
+        let r = ring(&[("a", 1), ("b", 1), ("c", 1)]);
+        let e = r.epoch();
+        let owed = p.owed(&r, "a");
+        assert_eq!(owed, vec![(Arc::from("b"), e), (Arc::from("c"), e)]);
+        p.told.extend(owed);
+        assert!(p.owed(&r, "a").is_empty());
+        // c restarted (a new generation) and d joined; b left: a new ring,
+        // each member owed the word of it.
+        let r = ring(&[("a", 1), ("c", 2), ("d", 1)]);
+        let e = r.epoch();
+        assert_eq!(
+            p.owed(&r, "a"),
+            vec![(Arc::from("c"), e), (Arc::from("d"), e)]
+        );
+        assert!(!p.told.contains_key("b"), "forgotten once out of the ring");
+        // A ring this node is not in: it owns nothing there, and says so
+        // to no one.
+        assert!(p.owed(&ring(&[("c", 2), ("d", 1)]), "a").is_empty());
+    }
+
+    /// A key owned by `owner` whose replica holder is `holder`.
+    fn key_of(r: &Ring, owner: &str, holder: &str) -> Vec<u8> {
+        (0..)
+            .map(|i| format!("k{i}").into_bytes())
+            .find(|k| {
+                &*r.owner(k).unwrap().node_id == owner
+                    && &*r.successor(k).unwrap().node_id == holder
+            })
+            .unwrap()
+    }
+
+    fn live(ids: &[&str]) -> Vec<Heard> {
+        ids.iter()
+            .map(|id| Heard {
+                node_id: Arc::from(*id),
+                born: 1,
+                generation: 1,
+            })
+            .collect()
+    }
+
+    /// `j` joined between `a` and `b` and the ring named it `k`'s replica
+    /// holder; then `a` and `b` were lost together. Whether `k` is in doubt
+    /// at `j`, with `a`'s word that `j` holds its replicas or not.
+    fn joiner_after_owner_and_holder_before_lost(told: bool) -> bool {
+        const S: Nanos = 1_000_000_000;
+        let with_j = Arc::new(ring(&[("a", 1), ("b", 1), ("c", 1), ("j", 1)]));
+        let without_j = ring(&[("a", 1), ("b", 1), ("c", 1)]);
+        let k = (0..)
+            .map(|i| format!("k{i}").into_bytes())
+            .find(|k| {
+                &*with_j.owner(k).unwrap().node_id == "a"
+                    && &*with_j.successor(k).unwrap().node_id == "j"
+                    && &*without_j.successor(k).unwrap().node_id == "b"
+            })
+            .unwrap();
+        let d = Doubts::new(10 * S);
+        let change = Change {
+            me: "j",
+            previous: &with_j,
+            live: &live(&["c"]),
+        };
+        d.changed(&change, S);
+        let me = Me {
+            id: "j",
+            confirmed: &|owner, epoch| told && owner == "a" && epoch == with_j.epoch(),
+        };
+        d.in_doubt(&k, 2 * S, &mut Ended::default(), &me)
+    }
+
+    #[test]
+    fn a_holder_its_owner_never_told_is_no_holder_of_record() {
+        assert!(
+            joiner_after_owner_and_holder_before_lost(false),
+            "j never held k: a and b, who did, are gone"
+        );
+        assert!(!joiner_after_owner_and_holder_before_lost(true));
+    }
+
+    #[test]
+    fn of_two_members_the_one_left_untold_owns_nothing_as_holder_of_record() {
+        const S: Nanos = 1_000_000_000;
+        let two = Arc::new(ring(&[("o", 1), ("j", 1)]));
+        let k = key_of(&two, "o", "j");
+        let d = Doubts::new(10 * S);
+        let change = Change {
+            me: "j",
+            previous: &two,
+            live: &[],
+        };
+        d.changed(&change, S);
+        let untold = Me {
+            id: "j",
+            confirmed: &|_, _| false,
+        };
+        let told = Me {
+            id: "j",
+            confirmed: &|_, _| true,
+        };
+        assert!(d.in_doubt(&k, 2 * S, &mut Ended::default(), &untold));
+        assert!(!d.in_doubt(&k, 2 * S, &mut Ended::default(), &told));
+    }
+
+    #[test]
+    fn a_holder_is_confirmed_for_the_ring_named_only() {
+        let c = CatchUp::default();
+        c.heard().insert(Arc::from("o"), 5);
+        assert!(c.confirmed("o", 5));
+        assert!(!c.confirmed("o", 3), "another ring");
+        assert!(!c.confirmed("p", 5), "never told");
+    }
+}
