@@ -43,12 +43,21 @@ use crate::cluster::ring::Ring;
 /// kept at each view; a word from an unknown id beyond it is dropped).
 const MAX_OWNERS: usize = 4_096;
 
+/// Rings remembered per owner: a region of doubt reads the rings a fault
+/// went through, each told in turn (and the words may arrive out of
+/// order).
+const RINGS_PER_OWNER: usize = 4;
+
+/// How long after a word that did not arrive the replicator runs again to
+/// say it (an idle node runs no round of its own).
+const RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Both sides, in the limiter's shared state. Std mutexes: held for a map
 /// lookup or update, never across an await.
 #[derive(Debug, Default)]
 pub(super) struct CatchUp {
     progress: Mutex<Progress>,
-    heard: Mutex<HashMap<Arc<str>, u64>>,
+    heard: Mutex<HashMap<Arc<str>, Vec<u64>>>,
     /// A scan published a mark: the replicator runs a round for it though
     /// no change waits (a view that moved nothing still owes the word).
     pub(super) owed: tokio::sync::Notify,
@@ -59,6 +68,9 @@ pub(super) struct CatchUp {
 pub(super) struct Progress {
     /// The view whose scan took the mark.
     view: u64,
+    /// Whether the mark was taken again once the view's transfer was
+    /// complete (what it merged is queued before it).
+    transferred: bool,
     /// The queue mark still to be taken past; None: caught up.
     mark: Option<u64>,
     /// Members told, and of which ring (its epoch).
@@ -71,31 +83,47 @@ impl Progress {
     pub(super) fn scanned(&mut self, view: u64, mark: u64) {
         self.view = view;
         self.mark = Some(mark);
+        self.transferred = false;
     }
 
-    /// A replication round ended in `view`, with a push `failed` or not;
-    /// `mark_now` is the queue's mark after it, `taken_past` whether the
-    /// replicator took every change before a mark. Returns whether this
-    /// node is caught up with its view.
+    /// A replication round ended in `view` (the view it routed its keys
+    /// in), with a push `failed` or not, and the view's transfer
+    /// `transfer_done` or not; `mark_now` is the queue's mark after it,
+    /// `taken_past` whether the replicator took every change before a
+    /// mark. Returns whether this node is caught up with its view: the
+    /// scan's keys and those its transfer brought (a cold review: counts
+    /// taken back through the transfer after the scan, a rejoined owner's
+    /// above all, came after the scan's mark) all sent.
     pub(super) fn round(
         &mut self,
         view: u64,
         failed: bool,
+        transfer_done: bool,
         mark_now: u64,
         taken_past: impl Fn(u64) -> bool,
     ) -> bool {
-        match self.mark {
-            Some(_) if failed => {
-                self.mark = Some(mark_now);
-                false
-            }
-            Some(m) if self.view == view && taken_past(m) => {
-                self.mark = None;
-                true
-            }
-            Some(_) => false,
-            None => self.view == view,
+        let Some(mark) = self.mark else {
+            return self.view == view;
+        };
+        if failed {
+            self.mark = Some(mark_now);
+            return false;
         }
+        if self.view != view || !transfer_done {
+            return false;
+        }
+        let mark = if self.transferred {
+            mark
+        } else {
+            self.transferred = true;
+            self.mark = Some(mark_now);
+            mark_now
+        };
+        if taken_past(mark) {
+            self.mark = None;
+            return true;
+        }
+        false
     }
 
     /// Members of `ring` (but `me`, and those too old to hear it) not told
@@ -121,14 +149,16 @@ impl CatchUp {
         self.progress.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn heard(&self) -> MutexGuard<'_, HashMap<Arc<str>, u64>> {
+    fn heard(&self) -> MutexGuard<'_, HashMap<Arc<str>, Vec<u64>>> {
         self.heard.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether `owner` said this node holds every replica of its keys
     /// that the ring `epoch` gives it.
     pub(super) fn confirmed(&self, owner: &str, epoch: u64) -> bool {
-        self.heard().get(owner) == Some(&epoch)
+        self.heard()
+            .get(owner)
+            .is_some_and(|rings| rings.contains(&epoch))
     }
 }
 
@@ -146,18 +176,24 @@ impl Limiter {
         self.shared.catch_up.owed.notified().await
     }
 
-    /// After a replication round: once caught up with the view, tell each
-    /// member not yet told, beside each other and beside the rounds (a
-    /// member that does not answer would hold a round up for a deadline).
-    /// Each is counted told when sent, and untold again if the call fails.
-    pub(super) fn after_round(&self, failed: bool) {
-        let t = self.shared.topology.load_full();
+    /// After a replication round that routed its keys in `t`: once caught
+    /// up with that view, tell each member not yet told, beside each other
+    /// and beside the rounds (a member that does not answer would hold a
+    /// round up for a deadline). Each is counted told when sent, and
+    /// untold again if the call fails — told after the next round, run
+    /// [`RETRY`] later.
+    pub(super) fn after_round(&self, t: &super::Topology, failed: bool) {
         let store = &self.shared.store;
         let owed = {
             let mut p = self.shared.catch_up.progress();
-            let caught_up = p.round(t.holdings.view, failed, store.queue_mark(), |m| {
-                store.taken_past(m)
-            });
+            let transfer_done = t.incoming.complete();
+            let caught_up = p.round(
+                t.holdings.view,
+                failed,
+                transfer_done,
+                store.queue_mark(),
+                |m| store.taken_past(m),
+            );
             if !caught_up {
                 return;
             }
@@ -171,23 +207,40 @@ impl Limiter {
                 let told = limiter.shared.peers.tell_caught_up(&id, epoch).await;
                 if let Err(e) = told {
                     tracing::debug!(peer = %id, error = %e, "caught-up word not delivered; told after a later round");
-                    let mut p = limiter.shared.catch_up.progress();
-                    if p.told.get(&id) == Some(&epoch) {
-                        p.told.remove(&id);
+                    {
+                        let mut p = limiter.shared.catch_up.progress();
+                        if p.told.get(&id) == Some(&epoch) {
+                            p.told.remove(&id);
+                        }
                     }
+                    tokio::time::sleep(RETRY).await;
+                    limiter.shared.catch_up.owed.notify_one();
                 }
             });
         }
     }
 
     /// `owner` said this node holds every replica of its keys that the
-    /// ring `epoch` gives it (a peer's Sync): the latest word stands.
+    /// ring `epoch` gives it (a peer's Sync, from a member: see
+    /// `service/peer.rs`). The last few rings said are kept.
     pub fn owner_caught_up(&self, owner: &str, epoch: u64) {
         let mut heard = self.shared.catch_up.heard();
         if heard.len() >= MAX_OWNERS && !heard.contains_key(owner) {
             return;
         }
-        heard.insert(Arc::from(owner), epoch);
+        let rings = heard.entry(Arc::from(owner)).or_default();
+        if !rings.contains(&epoch) {
+            if rings.len() >= RINGS_PER_OWNER {
+                rings.remove(0);
+            }
+            rings.push(epoch);
+        }
+    }
+
+    /// The view's transfer is complete: what it merged is queued, and the
+    /// replicator runs to send it and say so.
+    pub(super) fn transfer_done(&self) {
+        self.shared.catch_up.owed.notify_one();
     }
 
     /// Forget the owners not in `ring` (each view).
@@ -221,13 +274,18 @@ mod tests {
         p.scanned(4, 10);
         let taken = |upto: u64| move |m: u64| upto >= m;
         assert!(
-            !p.round(4, false, 12, taken(9)),
-            "one change before the mark waits"
+            !p.round(4, false, false, 12, taken(12)),
+            "the transfer is not done"
         );
-        assert!(p.round(4, false, 12, taken(10)));
-        assert!(p.round(4, false, 12, taken(10)), "and stays so in its view");
+        // Done: the mark is taken again, after what the transfer merged.
         assert!(
-            !p.round(5, false, 12, taken(12)),
+            !p.round(4, false, true, 14, taken(12)),
+            "a change before the mark waits"
+        );
+        assert!(p.round(4, false, true, 15, taken(14)));
+        assert!(p.round(4, false, true, 15, taken(14)), "and stays so");
+        assert!(
+            !p.round(5, false, true, 15, taken(15)),
             "a newer view's scan is not published"
         );
     }
@@ -236,18 +294,19 @@ mod tests {
     fn a_failed_push_takes_a_new_mark() {
         let mut p = Progress::default();
         p.scanned(4, 10);
+        assert!(!p.round(4, false, true, 10, |m| m <= 9));
         // The round took past the mark but a push failed: its keys were
         // queued again, before the new mark.
-        assert!(!p.round(4, true, 15, |_| true));
-        assert!(!p.round(4, false, 15, |m| m <= 14));
-        assert!(p.round(4, false, 15, |m| m <= 15));
+        assert!(!p.round(4, true, true, 15, |_| true));
+        assert!(!p.round(4, false, true, 15, |m| m <= 14));
+        assert!(p.round(4, false, true, 15, |m| m <= 15));
     }
 
     #[test]
     fn a_scan_of_another_view_is_not_taken_for_this_one() {
         let mut p = Progress::default();
         p.scanned(4, 10);
-        assert!(!p.round(5, false, 10, |_| true));
+        assert!(!p.round(5, false, true, 10, |_| true));
     }
 
     #[test]
@@ -357,10 +416,11 @@ mod tests {
     }
 
     #[test]
-    fn a_holder_is_confirmed_for_the_ring_named_only() {
+    fn a_holder_is_confirmed_for_the_last_rings_named_only() {
         let c = CatchUp::default();
-        c.heard().insert(Arc::from("o"), 5);
+        c.heard().insert(Arc::from("o"), vec![5, 7]);
         assert!(c.confirmed("o", 5));
+        assert!(c.confirmed("o", 7));
         assert!(!c.confirmed("o", 3), "another ring");
         assert!(!c.confirmed("p", 5), "never told");
     }

@@ -189,6 +189,7 @@ impl Region {
                 (Some(h), Some(m))
                     if h == m
                         && !gone(m)
+                        && !said_by_its_protocol(&members[owner])
                         && !(me.confirmed)(&members[owner].node_id, ring_epoch()) =>
                 {
                     self.previous.holders_without(k, |i| skipped(i) || i == m).1
@@ -253,4 +254,12 @@ impl Region {
         }
         list
     }
+}
+
+/// Whether an owner's protocol has no word for caught up (protocol 2,
+/// during a rolling upgrade): its replica holders stand as the ring names
+/// them, as before the word. A member rebuilt from a peer's word (an
+/// adopted region's loss) names no protocol: not excused.
+fn said_by_its_protocol(owner: &crate::cluster::ring::Member) -> bool {
+    (1..3).contains(&owner.protocol)
 }

@@ -139,6 +139,20 @@ impl Holdings {
         self.cancel.cancel();
     }
 
+    /// The ring a newer view's scan compares with: this view's `ring` if
+    /// its scan published, else the one this view compared with — keys
+    /// whose replica holder changed in a view whose scan was abandoned
+    /// were never queued for their new holder (a cold review: the next
+    /// scan compared with the abandoned view, found nothing changed, and
+    /// its owner then said it caught up).
+    pub fn sorted_from(&self, ring: &Arc<Ring>) -> Arc<Ring> {
+        if self.is_scanned() {
+            ring.clone()
+        } else {
+            self.previous.clone()
+        }
+    }
+
     fn set(&self, buckets: HashMap<Arc<str>, Keys>) {
         let buckets = buckets
             .into_iter()
@@ -216,6 +230,9 @@ impl Limiter {
                 sorted.add(k, &me, &holdings.ring, &holdings.previous);
             }
             tokio::task::yield_now().await;
+        }
+        if holdings.cancel.is_cancelled() {
+            return;
         }
         self.publish(&holdings, sorted);
     }

@@ -296,13 +296,15 @@ impl Limiter {
                 number,
                 view.ring.epoch(),
                 view.ring.clone(),
-                old.ring.clone(),
+                old.holdings.sorted_from(&old.ring),
             ));
             (number, incoming, holdings)
         } else {
             (old.view, old.incoming.clone(), old.holdings.clone())
         };
         incoming.prune(&holders);
+        // A member gone may have been the last the transfer waited for.
+        self.transfer_done();
         // Members of the ring before gone from this one — or suspected in
         // it: a suspect keeps its keys (they are unreachable meanwhile) but
         // a region over it opens now, so a node that restarts meanwhile

@@ -146,7 +146,7 @@ impl Limiter {
             failed
         });
         let failed = futures::future::join_all(pushes).await.contains(&true);
-        self.after_round(failed);
+        self.after_round(&t, failed);
         metrics
             .replication_pending
             .set(self.shared.store.changed_len() as i64);

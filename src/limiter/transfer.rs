@@ -285,6 +285,7 @@ impl Limiter {
                     if acknowledged {
                         if incoming.complete() {
                             tracing::debug!(view = incoming.view, took = ?incoming.took(), received = incoming.received(), "ownership transfer complete");
+                            self.transfer_done();
                         }
                         return;
                     }

@@ -273,8 +273,12 @@ impl Peer for PeerService {
                     "from_node: required with caught_up_epoch",
                 ));
             }
-            self.limiter
-                .owner_caught_up(&r.from_node, r.caught_up_epoch);
+            // Only a member's word counts (it makes this node a holder of
+            // record; and the map it goes to is bounded by the ring).
+            if self.limiter.is_member(&r.from_node) {
+                self.limiter
+                    .owner_caught_up(&r.from_node, r.caught_up_epoch);
+            }
         }
         Ok(Response::new(pb::SyncResponse { merged }))
     }

@@ -523,6 +523,11 @@ impl Store {
             let ((), grew) = self.metered(key.len(), e, |e| e.merge(snapshot, now));
             if owned() {
                 self.changed(key, e);
+            } else if !e.is_copy() {
+                // A copy merged into this node's own count may have raised
+                // it (a late replica, a leaver's copy): its replica holder
+                // must see it too, not wait for the key's next decision.
+                self.changed_at(key, e, None);
             }
             grew
         };
