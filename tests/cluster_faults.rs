@@ -577,7 +577,10 @@ async fn skip_batching_is_bounded_like_a_batch() {
         .filter(|k| &*ring.owner(&key::encode("fault", k)).unwrap().node_id == "node-1")
         .take(100)
         .collect();
-    let rpcs = "sluice_peer_rpcs_total{peer=\"node-1\"}";
+    // Forward RPCs only (each observes its batch size): a peer's RPC count
+    // takes the background's too — replication, an owner's word that its
+    // holders caught up — which this call does not send.
+    let rpcs = "sluice_forward_batch_size_count";
     let before = metric(&nodes[0].http_get("/metrics").await.1, rpcs);
     let requests = keys
         .iter()

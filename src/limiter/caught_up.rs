@@ -30,8 +30,11 @@
 //! is told after a later round: until then it costs only a doubt it need
 //! not have had.
 //!
-//! **The holder's side.** The ring each owner last named, per owner, kept
-//! for the ring's members only.
+//! **The holder's side.** The last rings each owner named, per owner —
+//! kept after the owner is gone: the doubt test reads them exactly then (a
+//! first try forgot a gone owner's word at the view that buried it, and
+//! a zone's loss put keys whose holder lived in doubt). Bounded by
+//! [`MAX_OWNERS`] ids, members' only; past it, non-members are forgotten.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -39,8 +42,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::Limiter;
 use crate::cluster::ring::Ring;
 
-/// Owners remembered at most on the holder's side (the ring's members are
-/// kept at each view; a word from an unknown id beyond it is dropped).
+/// Owners remembered at most on the holder's side (node ids are stable
+/// names: about the fleet's size).
 const MAX_OWNERS: usize = 4_096;
 
 /// Rings remembered per owner: a region of doubt reads the rings a fault
@@ -226,7 +229,10 @@ impl Limiter {
     pub fn owner_caught_up(&self, owner: &str, epoch: u64) {
         let mut heard = self.shared.catch_up.heard();
         if heard.len() >= MAX_OWNERS && !heard.contains_key(owner) {
-            return;
+            heard.retain(|id, _| self.is_member(id));
+            if heard.len() >= MAX_OWNERS {
+                return;
+            }
         }
         let rings = heard.entry(Arc::from(owner)).or_default();
         if !rings.contains(&epoch) {
@@ -241,14 +247,6 @@ impl Limiter {
     /// replicator runs to send it and say so.
     pub(super) fn transfer_done(&self) {
         self.shared.catch_up.owed.notify_one();
-    }
-
-    /// Forget the owners not in `ring` (each view).
-    pub(super) fn forget_owners_but(&self, ring: &Ring) {
-        self.shared
-            .catch_up
-            .heard()
-            .retain(|id, _| ring.member(id).is_some());
     }
 }
 

@@ -342,7 +342,6 @@ impl Limiter {
             live: &reachable,
         };
         let ended = self.shared.doubts.changed(&change, self.now());
-        self.forget_owners_but(&view.ring);
         self.doubts_ended(ended);
         self.adopt_doubts(view, &reachable);
         // Changes are worth queueing while another node could hold them.
