@@ -17,9 +17,12 @@
 //! steps and skew, graceful leaves, late joins, overlapping), then a heal
 //! and probes. The checker ([`check`]) asserts per key: no exact answer
 //! rolls back beyond the crash lag, no over-admission, nothing admitted is
-//! lost, every key exact through every node soon after the heal.
+//! lost, every key exact through every node soon after the heal; and
+//! ([`doubt_check`]) a key one of whose holders of record survived a
+//! loss is answered exactly again soon after it (never in doubt).
 
 pub mod check;
+pub mod doubt_check;
 pub mod history;
 pub mod membership_check;
 pub mod schedule;
@@ -46,6 +49,10 @@ pub struct Report {
     /// Restarts that listened on another port (their old one still held).
     #[serde(default)]
     pub moved_ports: usize,
+    /// (loss, key) pairs the needless-doubt check covered
+    /// ([`doubt_check`]).
+    #[serde(default)]
+    pub doubt_checked: usize,
     pub sim_secs: f64,
     pub wall_secs: f64,
 }
@@ -74,6 +81,11 @@ pub fn run_with_history(schedule: &schedule::Schedule) -> (Report, history::Hist
                 None => v.what,
             }),
     );
+    let doubts = doubt_check::check(schedule, &out.history, &out.events);
+    violations.extend(doubts.violations.into_iter().map(|v| match v.key {
+        Some(k) => format!("key k{k}: {}", v.what),
+        None => v.what,
+    }));
     violations.extend(
         membership_check::check(schedule, &out.events, &out.rings)
             .into_iter()
@@ -101,6 +113,7 @@ pub fn run_with_history(schedule: &schedule::Schedule) -> (Report, history::Hist
         hash: format!("{:016x}", out.history.hash()),
         violations,
         moved_ports: out.moved_ports,
+        doubt_checked: doubts.checked,
         sim_secs: (schedule.end + workload::PROBE_SPAN) as f64 / 1_000.0,
         wall_secs: out.wall,
     };

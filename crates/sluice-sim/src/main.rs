@@ -189,6 +189,7 @@ fn child(schedule: &Schedule) -> Report {
                     .join("\n")
             )],
             moved_ports: 0,
+            doubt_checked: 0,
             sim_secs: 0.0,
             wall_secs: 0.0,
         },
@@ -283,11 +284,12 @@ fn main() {
                             }
                             let r = child(&Schedule::draw_sized(seed, secs, mix, nodes));
                             let line = format!(
-                                "seed {seed}: {} ({} nodes, {} faults, {} calls, {:.1} s)",
+                                "seed {seed}: {} ({} nodes, {} faults, {} calls, {} checked for doubt, {:.1} s)",
                                 if r.passed() { "ok" } else { "FAILED" },
                                 r.nodes,
                                 r.faults,
                                 r.calls,
+                                r.doubt_checked,
                                 r.wall_secs
                             );
                             println!("{line}");
@@ -311,10 +313,11 @@ fn main() {
                 .map(|r| r.seed)
                 .collect();
             println!(
-                "{} seeds in {wall:.0} s ({:.0} seeds/hour, {:.1} simulated s per wall s over {jobs} jobs); {} failed: {failed:?}",
+                "{} seeds in {wall:.0} s ({:.0} seeds/hour, {:.1} simulated s per wall s over {jobs} jobs); {} losses' keys checked for needless doubt; {} failed: {failed:?}",
                 results.len(),
                 results.len() as f64 * 3_600.0 / wall,
                 sim / wall,
+                results.iter().map(|r| r.doubt_checked).sum::<usize>(),
                 failed.len()
             );
             std::process::exit(if failed.is_empty() { 0 } else { 1 });
