@@ -414,6 +414,66 @@ mod tests {
     }
 
     #[test]
+    fn a_node_that_adopts_a_region_hears_which_holder_was_untold() {
+        // Simulator seed 816 of `--mix any`: of a two-member ring {o, j},
+        // o crashed before it told j it caught up; n, a process started
+        // since (the leaver back), owns o's keys now and adopts j's word.
+        const S: Nanos = 1_000_000_000;
+        let two = Arc::new(ring(&[("o", 1), ("j", 1)]));
+        let k = key_of(&two, "o", "j");
+        let now_ring = ring(&[("n", 2), ("o", 2), ("j", 1)]);
+        let adopter = |confirmed: bool| {
+            let j = Doubts::new(10 * S);
+            j.changed(
+                &Change {
+                    me: "j",
+                    previous: &two,
+                    live: &[],
+                },
+                S,
+            );
+            let j_me = Me {
+                id: "j",
+                confirmed: &|_, _| confirmed,
+            };
+            let word = j.published(S, &j_me);
+            let n = Doubts::new(10 * S);
+            let live = [
+                Heard {
+                    node_id: "j".into(),
+                    born: 1,
+                    generation: 1,
+                },
+                Heard {
+                    node_id: "o".into(),
+                    born: 2,
+                    generation: 2,
+                },
+            ];
+            let me_n = Heard {
+                node_id: "n".into(),
+                born: 2,
+                generation: 2,
+            };
+            n.adopt(&word, &now_ring, &live, &me_n, S);
+            let n_me = Me {
+                id: "n",
+                confirmed: &|_, _| false,
+            };
+            (word, n.in_doubt(&k, 2 * S, &mut Ended::default(), &n_me))
+        };
+        let (word, in_doubt) = adopter(false);
+        assert_eq!(word[0].untold, vec![(Arc::from("j"), Arc::from("o"))]);
+        assert!(
+            in_doubt,
+            "j never held k: its only holder of record is gone"
+        );
+        let (word, in_doubt) = adopter(true);
+        assert!(word[0].untold.is_empty());
+        assert!(!in_doubt, "j held k: its copy comes with the transfer");
+    }
+
+    #[test]
     fn a_holder_is_confirmed_for_the_last_rings_named_only() {
         let c = CatchUp::default();
         c.heard().insert(Arc::from("o"), vec![5, 7]);

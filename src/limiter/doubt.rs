@@ -238,7 +238,7 @@ impl Doubts {
 
     /// This node's open regions that can hold a key in doubt, as it
     /// publishes them: who went, and the time left.
-    pub fn published(&self, now: Nanos) -> Vec<PublishedDoubt> {
+    pub fn published(&self, now: Nanos, me: &Me<'_>) -> Vec<PublishedDoubt> {
         let regions = self.regions();
         let mut open: Vec<&Region> = regions
             .iter()
@@ -254,6 +254,7 @@ impl Doubts {
                 gone: r.published_losses(),
                 zones: r.zones_of_losses(),
                 remaining: std::time::Duration::from_nanos(r.until.saturating_sub(now)),
+                untold: r.untold_pairs(me),
             })
             .collect()
     }
@@ -322,9 +323,21 @@ impl Doubts {
             let holds = |r: &Region| {
                 gone.iter().all(|g| r.gone.contains(g)) && lost.iter().all(|g| r.lost.contains(g))
             };
-            // Fewer than two gone here covers nothing.
+            // Fewer than two gone here covers nothing — unless a holder
+            // was untold: a two-member ring's other member, say.
+            // A region held already learns the holders the word names
+            // untold: this node may own keys of it whose only live holder
+            // of record was one (a zone places a key's new owner apart
+            // from its replica holder).
+            if let Some(r) = regions.iter_mut().find(|r| holds(r)) {
+                if !lost.is_empty() {
+                    r.learn_untold(&p.untold);
+                }
+                continue;
+            }
             let full = regions.len() >= MAX_REGIONS;
-            if full || gone.len() < 2 || Self::was_done(&done, &gone) || regions.iter().any(holds) {
+            let few = gone.len() < 2 && (gone.is_empty() || p.untold.is_empty());
+            if full || few || Self::was_done(&done, &gone) {
                 continue;
             }
             // Members gone take the places they had; the rest of the ring
@@ -352,15 +365,15 @@ impl Doubts {
                 Arc::new(Ring::new(previous)),
                 gone,
                 &lost,
+                &p.untold,
                 until,
                 self.grace,
             ));
             count += 1;
         }
-        if count > 0 {
-            self.any
-                .store(regions.iter().any(Region::can_cover), Ordering::Release);
-        }
+        // Adopted regions, or untold holders learned, may cover keys now.
+        self.any
+            .store(regions.iter().any(Region::can_cover), Ordering::Release);
         count
     }
 
@@ -545,7 +558,12 @@ impl super::Limiter {
     /// adopter keeps only the members it does not hear (`Doubts::adopt`),
     /// and a node that rejoins forgets its regions.
     pub fn published_doubts(&self) -> Vec<PublishedDoubt> {
-        self.shared.doubts.published(self.now())
+        let catch_up = &self.shared.catch_up;
+        let me = Me {
+            id: &self.shared.node_id,
+            confirmed: &|owner, epoch| catch_up.confirmed(owner, epoch),
+        };
+        self.shared.doubts.published(self.now(), &me)
     }
 
     /// Count what regions that ended came to.

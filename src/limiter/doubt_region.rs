@@ -17,6 +17,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use crate::algorithm::Nanos;
+use crate::cluster::membership::doubts::MAX_UNTOLD;
 use crate::cluster::membership::view::MAX_TOMBSTONES;
 use crate::cluster::ring::Ring;
 
@@ -52,6 +53,10 @@ pub(super) struct Region {
     pub(super) keys: HashSet<u64>,
     /// More keys than [`super::MAX_COUNTED`] were decided in doubt.
     pub(super) overflow: u64,
+    /// `(holder, owner)` pairs a peer's word named untold (an adopted
+    /// region): that holder is no holder of record of that owner's keys
+    /// here, as this node is not of an owner that did not say so to it.
+    untold: Vec<(Arc<str>, Arc<str>)>,
 }
 
 impl Region {
@@ -75,6 +80,7 @@ impl Region {
             grace,
             keys: HashSet::new(),
             overflow: 0,
+            untold: Vec::new(),
         };
         r.lose(&gone, None, now);
         r
@@ -84,11 +90,13 @@ impl Region {
     /// order lost (those back since included), `gone` those of them not
     /// heard here. The steps between its losses are not sent, so each loss
     /// is a step of its own (more rings only put more keys in doubt, never
-    /// fewer), all as old as the time left says.
+    /// fewer), all as old as the time left says. `untold`: the holders the
+    /// word named untold by an owner.
     pub(super) fn adopted(
         previous: Arc<Ring>,
         gone: Vec<(Arc<str>, u64)>,
         lost: &[(Arc<str>, u64)],
+        untold: &[(Arc<str>, Arc<str>)],
         until: Nanos,
         grace: Nanos,
     ) -> Region {
@@ -99,6 +107,7 @@ impl Region {
         }
         r.gone = gone;
         r.until = until;
+        r.learn_untold(untold);
         r
     }
 
@@ -184,18 +193,31 @@ impl Region {
                 _ => self.previous.epoch_without(skipped),
             };
             // (Named there at an older generation, gone — another process,
-            // whose copies died with it — it is a holder lost as any.)
-            let holder = match (holder, me_at) {
-                (Some(h), Some(m))
-                    if h == m
-                        && !gone(m)
-                        && !said_by_its_protocol(&members[owner])
-                        && !(me.confirmed)(&members[owner].node_id, ring_epoch()) =>
-                {
-                    self.previous.holders_without(k, |i| skipped(i) || i == m).1
+            // whose copies died with it — it is a holder lost as any.) A
+            // peer's word may name another holder untold so (an adopted
+            // region: simulator seed 816 of `--mix any`).
+            let untold = |h: usize| {
+                let (h_id, o_id) = (&members[h].node_id, &members[owner].node_id);
+                if gone(h) {
+                    return false;
                 }
-                (h, _) => h,
+                if me_at == Some(h) {
+                    return !said_by_its_protocol(&members[owner])
+                        && !(me.confirmed)(o_id, ring_epoch());
+                }
+                self.untold.iter().any(|(uh, uo)| uh == h_id && uo == o_id)
             };
+            // Each untold in turn: two joiners, neither told, and the
+            // holder before them is the one whose copy counts.
+            let mut passed: Vec<usize> = Vec::new();
+            let mut holder = holder;
+            while let Some(h) = holder.filter(|&h| untold(h) && passed.len() < members.len()) {
+                passed.push(h);
+                holder = self
+                    .previous
+                    .holders_without(k, |i| skipped(i) || passed.contains(&i))
+                    .1;
+            }
             if !gone(owner) || holder.is_some_and(|h| !gone(h)) {
                 return false;
             }
@@ -209,7 +231,68 @@ impl Region {
     /// two: the other may have been this node before its owner said it
     /// held its replicas).
     pub(super) fn can_cover(&self) -> bool {
-        self.gone.len() >= 2 || self.previous.members().len() <= 2
+        self.gone.len() >= 2 || self.previous.members().len() <= 2 || !self.untold.is_empty()
+    }
+
+    /// Holders a peer's word named untold: kept only where the owner is a
+    /// member this region lost and the holder one of its ring not gone
+    /// (bounded).
+    pub(super) fn learn_untold(&mut self, pairs: &[(Arc<str>, Arc<str>)]) {
+        for p in pairs {
+            let (holder, owner) = (&p.0, &p.1);
+            let owner_lost = self.lost.iter().any(|(id, _)| id == owner);
+            let holder_here = self.index(holder).is_some()
+                && !self.gone.iter().any(|(id, _)| id == holder)
+                && holder != owner;
+            if owner_lost
+                && holder_here
+                && self.untold.len() < MAX_UNTOLD
+                && !self.untold.contains(p)
+            {
+                self.untold.push(p.clone());
+            }
+        }
+    }
+
+    /// What it publishes of untold holders: this node, where it is a
+    /// member of `previous` still and an owner gone since did not say, for
+    /// a ring of the chain it was in, that this node held its replicas
+    /// (`me`); and the pairs a peer's word named (an adopted region).
+    pub(super) fn untold_pairs(&self, me: &super::Me<'_>) -> Vec<(Arc<str>, Arc<str>)> {
+        let members = self.previous.members();
+        // This node's own first: it is their source; those a peer named
+        // after, not this node (its own word is what it says of itself).
+        let mut out = Vec::new();
+        if let Some(m) = self.index(me.id).filter(|&m| self.step_of[m].is_none()) {
+            for (id, _) in &self.gone {
+                let Some(o) = self.index(id) else { continue };
+                if o == m || said_by_its_protocol(&members[o]) {
+                    continue;
+                }
+                // The rings of the chain the owner was still in: before
+                // each step up to the one it was lost in.
+                let last = self.step_of[o].map_or(self.steps.len(), |t| usize::from(t) + 1);
+                let untold = (0..last.min(self.steps.len())).any(|s| {
+                    let skipped = |i: usize| self.step_of[i].is_some_and(|t| usize::from(t) < s);
+                    let epoch = match s {
+                        0 => self.previous.epoch(),
+                        _ => self.previous.epoch_without(skipped),
+                    };
+                    !(me.confirmed)(id, epoch)
+                });
+                let pair = (Arc::from(me.id), id.clone());
+                if untold && !out.contains(&pair) {
+                    out.push(pair);
+                }
+            }
+        }
+        for p in &self.untold {
+            if *p.0 != *me.id && !out.contains(p) {
+                out.push(p.clone());
+            }
+        }
+        out.truncate(MAX_UNTOLD);
+        out
     }
 
     pub(super) fn counted(&self) -> u64 {

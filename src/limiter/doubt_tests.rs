@@ -55,6 +55,7 @@ fn word_of(gone: &[(&str, u64)], secs: u64) -> Vec<PublishedDoubt> {
         gone: gone.iter().map(|(id, g)| (Arc::from(*id), *g)).collect(),
         zones: Vec::new(),
         remaining: std::time::Duration::from_secs(secs),
+        untold: Vec::new(),
     }]
 }
 
@@ -185,7 +186,7 @@ fn a_rejoined_node_forgets_its_own_regions_and_adopts_its_peers() {
     });
     let survivor = Doubts::new(100 * S);
     change(&survivor, "a", &without_b, &live(&["e", "f"]), S);
-    let word = survivor.published(S);
+    let word = survivor.published(S, &anyone());
     assert_eq!(word.len(), 1);
 
     let b = Doubts::new(100 * S);
@@ -245,7 +246,7 @@ fn a_restarted_node_adopts_the_region_a_survivor_publishes() {
     let survivor = Doubts::new(10 * S);
     let before = ring(&["a", "b", "c"]);
     change(&survivor, "c", &before, &live(&[]), 20 * S);
-    let published = survivor.published(21 * S);
+    let published = survivor.published(21 * S, &anyone());
     assert_eq!(published.len(), 1);
     assert_eq!(published[0].remaining, std::time::Duration::from_secs(9));
 
@@ -295,7 +296,7 @@ fn a_region_is_adopted_only_where_none_covers_its_losses() {
     let before = ring(&["a", "b", "c", "d"]);
     let seen = Doubts::new(10 * S);
     change(&seen, "d", &before, &live(&["c"]), S);
-    let word = seen.published(S);
+    let word = seen.published(S, &anyone());
     assert_eq!(word.len(), 1);
     let other = Doubts::new(10 * S);
     change(&other, "c", &before, &live(&["d"]), S);
@@ -356,7 +357,7 @@ fn an_ended_region_is_neither_reopened_nor_adopted_again() {
     let k = key_of(&ring3, "a", "b");
     // a and b suspected, never buried: the ring stays.
     change(&d, "c", &ring3, &live(&[]), S);
-    let word = d.published(S);
+    let word = d.published(S, &anyone());
     let mut ended = Ended::default();
     assert!(d.in_doubt(&k, 2 * S, &mut ended, &anyone()));
     assert!(
@@ -405,7 +406,7 @@ fn a_stale_word_puts_in_doubt_only_what_this_node_does_not_hear() {
     // e, back from a pause, heard nobody: it names everyone gone.
     let e = Doubts::new(100 * S);
     change(&e, "e", &before, &live(&[]), S);
-    let word = e.published(S);
+    let word = e.published(S, &anyone());
     assert_eq!(word.len(), 1);
     assert_eq!(word[0].gone.len(), 4);
 
@@ -493,7 +494,7 @@ fn a_holder_replaced_before_the_owner_went_does_not_end_the_doubt() {
     let survivor = Doubts::new(30 * S);
     change(&survivor, "e", &v0, &live(&["a", "c", "d"]), S);
     change(&survivor, "e", &v1, &live(&["c", "d"]), 2 * S);
-    let word = survivor.published(3 * S);
+    let word = survivor.published(3 * S, &anyone());
     let b_back = [heard("c", 1, 1), heard("e", 1, 1), heard("b", 1, 2)];
     let mut ended = Ended::default();
 
@@ -545,7 +546,7 @@ fn a_holder_replaced_before_the_owner_went_does_not_end_the_doubt() {
         &[heard("c", 1, 1), heard("b", 1, 2)],
         7 * S,
     );
-    let late_word = survivor.published(8 * S);
+    let late_word = survivor.published(8 * S, &anyone());
     assert!(
         late_word
             .iter()
@@ -609,7 +610,7 @@ fn an_unrelated_loss_does_not_lengthen_a_keys_doubt() {
         "10 s from b's loss"
     );
     // c and j are gone (each once), a and b too: the region goes on.
-    let word = d.published(11 * S);
+    let word = d.published(11 * S, &anyone());
     let named: Vec<&str> = word
         .iter()
         .flat_map(|p| p.gone.iter().map(|(id, _)| &**id))
@@ -703,7 +704,7 @@ fn a_zone_lost_at_once_puts_no_key_in_doubt_when_replicas_span_zones() {
         keys.iter()
             .all(|k| !here.in_doubt(k, 2 * S, &mut ended, &anyone()))
     );
-    let word = here.published(S);
+    let word = here.published(S, &anyone());
     assert_eq!(word.len(), 1, "the region is published all the same");
     assert_eq!(&*word[0].zone_of("c"), "z2");
 
@@ -750,7 +751,7 @@ fn a_member_lost_after_joining_is_published_with_its_zone() {
     change(&d, "a", &first, &live(&["b", "d"]), S);
     let joined = zoned_ring(&["a@z1", "b@z2", "d@z2", "e@z3"]);
     change(&d, "a", &joined, &live(&["b"]), 2 * S);
-    let word = d.published(2 * S);
+    let word = d.published(2 * S, &anyone());
     let over_first = word
         .iter()
         .find(|w| w.gone.iter().any(|(id, _)| &**id == "c"))

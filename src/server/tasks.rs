@@ -120,7 +120,7 @@ pub(super) async fn follow_ring(
     let mut progress = tokio::time::interval(Duration::from_millis(500));
     progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The regions of doubt last published, by their losses, and when.
-    let mut published: Option<(Vec<Vec<Tombstone>>, tokio::time::Instant)> = None;
+    let mut published: Option<(Vec<Published>, tokio::time::Instant)> = None;
     loop {
         let view: Arc<ClusterView> = views.borrow_and_update().clone();
         limiter.set_view(&view);
@@ -156,10 +156,14 @@ pub(super) async fn follow_ring(
 async fn publish_doubts(
     membership: &Membership,
     limiter: &Limiter,
-    published: &mut Option<(Vec<Vec<Tombstone>>, tokio::time::Instant)>,
+    published: &mut Option<(Vec<Published>, tokio::time::Instant)>,
 ) {
     let regions = limiter.published_doubts();
-    let losses: Vec<Vec<Tombstone>> = regions.iter().map(|r| r.gone.clone()).collect();
+    // A region's losses and untold holders: a change of either is news.
+    let losses: Vec<Published> = regions
+        .iter()
+        .map(|r| (r.gone.clone(), r.untold.clone()))
+        .collect();
     let now = tokio::time::Instant::now();
     let due = match published {
         Some((last, at)) => {
@@ -172,6 +176,9 @@ async fn publish_doubts(
         *published = Some((losses, now));
     }
 }
+
+/// What [`publish_doubts`] compares: a region's losses and untold holders.
+type Published = (Vec<Tombstone>, Vec<(Arc<str>, Arc<str>)>);
 
 /// How often open regions of doubt are published again (their time left).
 const REPUBLISH_DOUBTS: Duration = Duration::from_secs(2);

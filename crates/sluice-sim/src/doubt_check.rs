@@ -15,6 +15,7 @@
 //! in the [`SETTLED`] before it or during it, a majority left. Per key
 //! whose owner or replica holder (in the ring of every node: all were up)
 //! is not among the lost: every call of the key asked of a surviving node
+//! (started by then: a node that starts late fails calls before)
 //! and sent from [`SOON`] after the loss until the window ends (the next
 //! fault, a lost node's restart, or the grace) is answered exactly.
 
@@ -95,7 +96,7 @@ pub fn check(s: &Schedule, history: &History, events: &[(u64, usize, Event)]) ->
         if !quiet || rejoined || until < at + SOON + 500 {
             continue;
         }
-        let ring = ring_of(s, 0..s.nodes);
+        let ring = ring_of(s, (0..s.nodes).filter(|&n| s.start_of(n) <= at));
         for (k, key) in keys.iter().enumerate() {
             let holders = [ring.owner(key), ring.successor(key)];
             let survives = holders
@@ -111,6 +112,7 @@ pub fn check(s: &Schedule, history: &History, events: &[(u64, usize, Event)]) ->
                 .filter(|c| {
                     c.key == k
                         && !gone.contains(&c.node)
+                        && c.sent >= ms(s.start_of(c.node))
                         && c.sent >= ms(at + SOON)
                         && c.sent + DEADLINE.as_nanos() as u64 <= ms(until)
                 })
@@ -183,7 +185,8 @@ mod tests {
     /// A key whose owner is `owner` and replica holder `holder` in the
     /// ring of three.
     fn key_held(s: &Schedule, owner: usize, holder: usize) -> usize {
-        let ring = ring_of(s, 0..s.nodes);
+        // The ring at the losses below (10 s).
+        let ring = ring_of(s, (0..s.nodes).filter(|&n| s.start_of(n) <= 10_000));
         (0..KEYS)
             .find(|&k| {
                 let key = sluice::store::key::encode("sim", &format!("k{k}"));
@@ -250,6 +253,15 @@ mod tests {
         }]);
         let d = violations(&s, vec![call(k, 14_000, true)]);
         assert_eq!((d.checked, d.violations.len()), (0, 0));
+        // A node that starts late fails calls before it starts.
+        let mut late = schedule(vec![crash(0, 10_000)]);
+        late.nodes = 4;
+        late.late = vec![(3, 17_000)];
+        let k_late = key_held(&late, 0, 2);
+        let mut early_call = call(k_late, 14_000, true);
+        early_call.node = 3;
+        let d = violations(&late, vec![early_call, call(k_late, 14_000, false)]);
+        assert_eq!((d.checked, d.violations.len()), (1, 0));
         // A call through the lost node itself is not the survivors'.
         let s = schedule(vec![crash(0, 10_000)]);
         let mut through_lost = call(k, 14_000, true);

@@ -34,7 +34,7 @@ pub use view::{ClusterView, MemberInfo};
 pub(crate) use join::join_wait;
 
 use super::auth::{AuthTransport, Secret};
-use view::{BORN, DOUBTS, GRPC_ADDR, POLICY_HASH, PROTOCOL, STATE, VERSION, ZONE};
+use view::{BORN, DOUBTS, DOUBTS_UNTOLD, GRPC_ADDR, POLICY_HASH, PROTOCOL, STATE, VERSION, ZONE};
 
 /// A node's lifecycle state, as gossiped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -362,6 +362,8 @@ impl Membership {
 
     /// Publish this node's open regions of doubt (`doubts.rs`).
     pub async fn set_doubts(&self, regions: &[doubts::PublishedDoubt]) {
+        self.set(DOUBTS_UNTOLD, &doubts::encode_untold(regions))
+            .await;
         self.set(DOUBTS, &doubts::encode(regions)).await;
     }
 

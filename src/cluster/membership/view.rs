@@ -49,6 +49,8 @@ pub(super) const POLICY_HASH: &str = "policy_hash";
 pub(super) const DEAD: &str = "dead";
 pub(super) const SUSPECTS: &str = "suspects";
 pub(super) const DOUBTS: &str = "doubts";
+/// The untold holders of those regions (`doubts.rs`).
+pub(super) const DOUBTS_UNTOLD: &str = "doubts_untold";
 /// The generation the member's process started as (it keeps it through
 /// rejoins: a newer generation of the same process still holds its
 /// copies). Absent (releases before it): the member's generation.
@@ -108,7 +110,7 @@ impl MemberInfo {
             suspected: false,
             doubts: state
                 .get(DOUBTS)
-                .map(super::doubts::parse)
+                .map(|d| super::doubts::parse(d, state.get(DOUBTS_UNTOLD)))
                 .unwrap_or_default()
                 .into(),
         })
