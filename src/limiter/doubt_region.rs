@@ -57,6 +57,10 @@ pub(super) struct Region {
     /// region): that holder is no holder of record of that owner's keys
     /// here, as this node is not of an owner that did not say so to it.
     untold: Vec<(Arc<str>, Arc<str>)>,
+    /// Opened here (not adopted): its rings are the ones this node
+    /// decided in, so the owners' words about them mean what they say —
+    /// an adopted region's rings are rebuilt, their epochs never named.
+    opened_here: bool,
 }
 
 impl Region {
@@ -81,6 +85,7 @@ impl Region {
             keys: HashSet::new(),
             overflow: 0,
             untold: Vec::new(),
+            opened_here: true,
         };
         r.lose(&gone, None, now);
         r
@@ -102,6 +107,7 @@ impl Region {
     ) -> Region {
         let at = until.saturating_sub(grace);
         let mut r = Region::new(previous, Vec::new(), at, grace);
+        r.opened_here = false;
         for l in lost {
             r.lose(std::slice::from_ref(l), None, at);
         }
@@ -207,8 +213,17 @@ impl Region {
                 }
                 self.untold.iter().any(|(uh, uo)| uh == h_id && uo == o_id)
             };
-            // Each untold in turn: two joiners, neither told, and the
-            // holder before them is the one whose copy counts.
+            // A ring of the chain after the first whose holder was untold:
+            // the copy stayed with the holder of the ring before, which
+            // that ring's own step reads (a node lost, then the owner
+            // before it told the next holder: the one lost first, back,
+            // holds the copy — `tests/correlated_faults.rs`).
+            if s > 0 && holder.is_some_and(untold) {
+                return false;
+            }
+            // Of the first ring, each untold in turn: two joiners, neither
+            // told, and the holder before them is the one whose copy
+            // counts.
             let mut passed: Vec<usize> = Vec::new();
             let mut holder = holder;
             while let Some(h) = holder.filter(|&h| untold(h) && passed.len() < members.len()) {
@@ -254,16 +269,23 @@ impl Region {
         }
     }
 
-    /// What it publishes of untold holders: this node, where it is a
-    /// member of `previous` still and an owner gone since did not say, for
-    /// a ring of the chain it was in, that this node held its replicas
-    /// (`me`); and the pairs a peer's word named (an adopted region).
+    /// What it publishes of untold holders: this node, where it opened the
+    /// region, is a member of `previous` still, and an owner gone since
+    /// did not say, for a ring of the chain it was in, that this node held
+    /// its replicas (`me`); and the pairs a peer's word named. (Of an
+    /// adopted region, only the word's: its rings are rebuilt, and no owner
+    /// named their epochs — a node back from a burial that adopted its
+    /// peers' region named itself untold, and kept keys in doubt it held
+    /// the copies of: `tests/correlated_faults.rs`.)
     pub(super) fn untold_pairs(&self, me: &super::Me<'_>) -> Vec<(Arc<str>, Arc<str>)> {
         let members = self.previous.members();
         // This node's own first: it is their source; those a peer named
         // after, not this node (its own word is what it says of itself).
         let mut out = Vec::new();
-        if let Some(m) = self.index(me.id).filter(|&m| self.step_of[m].is_none()) {
+        let mine = self
+            .index(me.id)
+            .filter(|&m| self.opened_here && self.step_of[m].is_none());
+        if let Some(m) = mine {
             for (id, _) in &self.gone {
                 let Some(o) = self.index(id) else { continue };
                 if o == m || said_by_its_protocol(&members[o]) {
