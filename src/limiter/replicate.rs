@@ -178,11 +178,18 @@ impl Limiter {
     /// 455 of `--mix any`: the leaver's key went to its replica holder,
     /// cut off from the new holder and killed 201 ms later). The keys'
     /// owners are untouched: the transfer and [`Self::hand_off`] carry
-    /// those. Returns the copies pushed and confirmed.
-    pub async fn pass_on_copies(&self, ring: &Ring, within: Duration) -> Handoff {
+    /// those. Only to the targets `only` names, if given. Returns the
+    /// copies pushed and confirmed, and the targets that did not confirm
+    /// all of theirs.
+    pub async fn pass_on_copies(
+        &self,
+        ring: &Ring,
+        within: Duration,
+        only: Option<&[Arc<str>]>,
+    ) -> (Handoff, Vec<Arc<str>>) {
         let me = &self.shared.node_id;
         let Some(me_at) = ring.members().iter().position(|m| m.node_id == *me) else {
-            return Handoff::default();
+            return (Handoff::default(), Vec::new());
         };
         let mut by_target: HashMap<Arc<str>, Vec<Outgoing>> = HashMap::new();
         for (k, _) in self.shared.store.keys() {
@@ -194,7 +201,7 @@ impl Limiter {
             let Some(next) = next.map(|i| &ring.members()[i]) else {
                 continue;
             };
-            if next.protocol < 2 {
+            if next.protocol < 2 || only.is_some_and(|o| !o.contains(&next.node_id)) {
                 continue;
             }
             let state = self.shared.store.snapshot(&k);
@@ -206,7 +213,7 @@ impl Limiter {
             }
         }
         let peers = &self.shared.peers;
-        let report = std::sync::Mutex::new(Handoff::default());
+        let report = std::sync::Mutex::new((Handoff::default(), Vec::new()));
         let pushes = by_target.iter().map(|(to, states)| {
             let report = &report;
             async move {
@@ -215,22 +222,30 @@ impl Limiter {
                         .push_in_background(to, SyncKind::Replica, chunk.to_vec())
                         .await;
                     let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
-                    r.keys += chunk.len();
+                    r.0.keys += chunk.len();
                     match pushed {
-                        Ok(_) => r.confirmed += chunk.len(),
+                        Ok(_) => r.0.confirmed += chunk.len(),
                         Err(e) => {
                             tracing::warn!(peer = %to, error = %e, "copies not passed on");
                             return;
                         }
                     }
                 }
+                // Every chunk confirmed.
+                let mut r = report.lock().unwrap_or_else(|p| p.into_inner());
+                r.1.push(to.clone());
             }
         });
         let all = futures::future::join_all(pushes);
         if tokio::time::timeout(within, all).await.is_err() {
             tracing::warn!("passing copies on: deadline reached");
         }
-        report.into_inner().unwrap_or_else(|p| p.into_inner())
+        let (handoff, done) = report.into_inner().unwrap_or_else(|p| p.into_inner());
+        let unconfirmed = by_target
+            .into_keys()
+            .filter(|t| !done.contains(t))
+            .collect();
+        (handoff, unconfirmed)
     }
 
     /// A leaving node's last act: push what its new owners did not take

@@ -11,8 +11,9 @@ impl Node {
     /// rings at once and ask it for their keys), keep answering — sending
     /// callers to the new owners — until every new owner has taken its keys
     /// (at least `leave_grace`, at most `handoff_timeout`), push what was
-    /// not taken, take apps' last reports, send the last lease reports,
-    /// then stop everything.
+    /// not taken, pass the copies on again (to a holder that did not take
+    /// them, again and again until the handoff's time is up), take apps'
+    /// last reports, send the last lease reports, then stop everything.
     ///
     /// Apps are passed no more allotments from the start; their reports
     /// are booked until every sub-grant was reported, given back or lapsed
@@ -28,7 +29,7 @@ impl Node {
         // keys were handed off (what it decided meanwhile).
         let ring = self.limiter.ring();
         let pass_within = self.leave_grace.max(Duration::from_millis(500));
-        self.limiter.pass_on_copies(&ring, pass_within).await;
+        self.limiter.pass_on_copies(&ring, pass_within, None).await;
         self.membership.set_state(Lifecycle::Leaving).await;
         let started = tokio::time::Instant::now();
         let grace = started + self.leave_grace;
@@ -42,7 +43,25 @@ impl Node {
             .limiter
             .hand_off(within.max(Duration::from_millis(500)))
             .await;
-        let copies = self.limiter.pass_on_copies(&ring, pass_within).await;
+        let (mut copies, mut unconfirmed) =
+            self.limiter.pass_on_copies(&ring, pass_within, None).await;
+        // A holder that took not all its copies (stalled, restarting) is
+        // asked again until the handoff's time is up: this node may hold
+        // a key's last copy — its new owner lost meanwhile (simulator seed
+        // 816 of `--mix any`: the new owner killed 250 ms into the leave,
+        // the new holder stalled 1.6 s; the leaver exited with the count).
+        let retry_until = deadline.max(tokio::time::Instant::now() + pass_within);
+        while !unconfirmed.is_empty() && tokio::time::Instant::now() < retry_until {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let left = retry_until.saturating_duration_since(tokio::time::Instant::now());
+            let (again, still) = self
+                .limiter
+                .pass_on_copies(&ring, pass_within.min(left), Some(&unconfirmed))
+                .await;
+            copies.keys += again.keys;
+            copies.confirmed += again.confirmed;
+            unconfirmed = still;
+        }
         while tokio::time::Instant::now() < apps_until && self.limiter.apps_outstanding() > 0 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -63,6 +82,7 @@ impl Node {
         tracing::info!(
             taken = self.limiter.delivered(),
             copies_passed_on = copies.confirmed,
+            holders_not_reached = unconfirmed.len(),
             pushed = handoff.keys,
             confirmed = handoff.confirmed,
             reports = acked,
