@@ -147,21 +147,8 @@ fn lost_node(f: &Fault) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::check::tests::schedule;
     use crate::history::{Outcome, Status};
-
-    /// Three nodes, the faults given.
-    fn schedule(faults: Vec<Fault>) -> Schedule {
-        Schedule {
-            seed: 1,
-            nodes: 3,
-            late: Vec::new(),
-            skew: Vec::new(),
-            zones: Vec::new(),
-            faults,
-            heal: 38_000,
-            end: 50_000,
-        }
-    }
 
     /// A call of key `k` through node 1, sent at `sent_ms`.
     fn call(k: usize, sent_ms: u64, approximate: bool) -> Call {

@@ -1,0 +1,312 @@
+//! The checker's unit tests: each invariant caught on a history made by
+//! hand, and each allowance (a crash's lag, a cut-off node's, a wipe)
+//! given exactly where the cluster may lose what it allows.
+
+use super::*;
+use crate::history::{Outcome, Status};
+
+/// Three nodes, the faults given, healed at 38 s, traffic to 50 s.
+pub(crate) fn schedule(faults: Vec<Fault>) -> Schedule {
+    Schedule {
+        seed: 1,
+        nodes: 3,
+        late: Vec::new(),
+        skew: Vec::new(),
+        zones: Vec::new(),
+        faults,
+        heal: 38_000,
+        end: 50_000,
+    }
+}
+
+fn answer(key: usize, sent_ms: u64, hits: u64, remaining: i64, owner: &str) -> Call {
+    Call {
+        key,
+        node: 0,
+        hits,
+        sent: ms(sent_ms),
+        done: ms(sent_ms) + 4_000_000,
+        outcome: Outcome::Answer {
+            status: if hits > 0 {
+                Status::Under
+            } else {
+                Status::Over
+            },
+            reason: 1,
+            remaining,
+            approximate: false,
+            owner: owner.into(),
+            path: 1,
+        },
+    }
+}
+
+/// The events a schedule's crashes make (every node up before).
+fn events(s: &Schedule) -> Vec<(u64, usize, Event)> {
+    s.faults
+        .iter()
+        .filter_map(|f| match f {
+            Fault::Crash { node, at, .. } => Some((ms(*at), *node, Event::Crashed)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Key 0's violations, by their first words.
+fn kinds(s: &Schedule, calls: Vec<Call>) -> Vec<String> {
+    kinds_of(s, 0, calls)
+}
+
+/// Key `k`'s violations, by their first words.
+fn kinds_of(s: &Schedule, k: usize, calls: Vec<Call>) -> Vec<String> {
+    kinds_after(s, k, calls, &events(s))
+}
+
+/// [`kinds_of`], given what the run did to the nodes.
+fn kinds_after(
+    s: &Schedule,
+    k: usize,
+    calls: Vec<Call>,
+    events: &[(u64, usize, Event)],
+) -> Vec<String> {
+    let limit = keys(s.seed)[k].limit as i64;
+    let mut calls = calls;
+    // Make the history otherwise whole: liveness probes through every
+    // node and a final count matching what was admitted.
+    let admitted = calls.iter().filter(|c| c.hits > 0).count() as i64;
+    for n in 0..s.nodes {
+        let mut c = answer(k, s.heal + 2_000, 0, limit - admitted, "n1");
+        c.node = n;
+        calls.push(c);
+    }
+    calls.push(answer(k, s.end + 2_000, 0, limit - admitted, "n1"));
+    let history = History { calls };
+    check(s, &history, events)
+        .into_iter()
+        .filter(|v| v.key == Some(k))
+        .map(|v| v.what.split(':').next().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[test]
+fn a_monotone_history_passes() {
+    let s = schedule(Vec::new());
+    let limit = keys(1)[0].limit as i64;
+    let calls = (0..5)
+        .map(|i| answer(0, 10_000 + i * 100, 1, limit - 1 - i as i64, "n1"))
+        .collect();
+    assert_eq!(kinds(&s, calls), Vec::<String>::new());
+}
+
+#[test]
+fn a_rollback_is_caught_unless_a_crash_lag_covers_it() {
+    // Key 3: `deny`, asynchronous replication.
+    let k = 3;
+    assert!(!keys(1)[k].sync);
+    let limit = keys(1)[k].limit as i64;
+    // Two admissions by n1, then an answer from n2 as if neither
+    // had happened.
+    let calls = vec![
+        answer(k, 10_000, 1, limit - 1, "n1"),
+        answer(k, 10_050, 1, limit - 2, "n1"),
+        answer(k, 12_000, 1, limit - 1, "n2"),
+    ];
+    let found = kinds_of(&schedule(Vec::new()), k, calls.clone());
+    assert!(found.contains(&"rollback".to_string()), "{found:?}");
+    // n1 killed right after its admissions: the lag covers them.
+    let crashed = schedule(vec![Fault::Crash {
+        node: 1,
+        at: 10_060,
+        down: 1_000,
+    }]);
+    assert!(!kinds_of(&crashed, k, calls).contains(&"rollback".to_string()));
+}
+
+#[test]
+fn a_node_cut_off_loses_its_lag_to_an_owner_that_answers_before_its_fence() {
+    let k = 3;
+    let limit = keys(1)[k].limit as i64;
+    // n1, cut off from everyone at 10 s, answers twice as owner before
+    // it finds itself deaf; n2 took the key over before n1's fence and
+    // knows neither admission (zone seed 29: 936 ms into the cut).
+    let cut: Vec<Fault> = [0, 2]
+        .iter()
+        .flat_map(|&n| {
+            [(1, n), (n, 1)].map(|(from, to)| Fault::Cut {
+                from,
+                to,
+                proto: Proto::Both,
+                at: 10_000,
+                span: 3_000,
+            })
+        })
+        .collect();
+    let taken_over = 10_000 + cut_off_fence() - 50;
+    let calls = vec![
+        answer(k, 10_000 + 100, 1, limit - 1, "n1"),
+        answer(k, 10_000 + 150, 1, limit - 2, "n1"),
+        answer(k, taken_over, 1, limit - 1, "n2"),
+    ];
+    let found = kinds_of(&schedule(cut), k, calls.clone());
+    assert!(!found.contains(&"rollback".to_string()), "{found:?}");
+    // With no cut, the same answers roll back.
+    let found = kinds_of(&schedule(Vec::new()), k, calls);
+    assert!(found.contains(&"rollback".to_string()), "{found:?}");
+}
+
+#[test]
+fn a_node_killed_while_paused_loses_what_it_admitted_before_the_pause() {
+    let k = 3;
+    let limit = keys(1)[k].limit as i64;
+    // n1 admits twice just before a pause that a kill ends 200 ms
+    // later (shorter than a pause that gives keys up); n2 takes the
+    // key over from a replica without them (seed 499 of `--mix any`).
+    let calls = vec![
+        answer(k, 9_960, 1, limit - 1, "n1"),
+        answer(k, 9_990, 1, limit - 2, "n1"),
+        answer(k, 12_000, 1, limit - 1, "n2"),
+    ];
+    let s = schedule(Vec::new());
+    let killed = [
+        (ms(10_000), 1, Event::Paused { span: ms(200) }),
+        (ms(10_200), 1, Event::Crashed),
+    ];
+    let found = kinds_after(&s, k, calls.clone(), &killed);
+    assert!(!found.contains(&"rollback".to_string()), "{found:?}");
+    // Killed when it had been running: the lag reaches back from the
+    // kill only.
+    let found = kinds_after(&s, k, calls, &killed[1..]);
+    assert!(found.contains(&"rollback".to_string()), "{found:?}");
+}
+
+#[test]
+fn a_synchronous_key_loses_nothing_to_a_crash() {
+    // Key 0: `deny`, synchronous replication — its exact answers
+    // waited for the replica holder, so no crash excuses a rollback.
+    assert!(keys(1)[0].sync);
+    let limit = keys(1)[0].limit as i64;
+    let calls = vec![
+        answer(0, 10_000, 1, limit - 1, "n1"),
+        answer(0, 10_050, 1, limit - 2, "n1"),
+        answer(0, 12_000, 1, limit - 1, "n2"),
+    ];
+    let crashed = schedule(vec![Fault::Crash {
+        node: 1,
+        at: 10_060,
+        down: 1_000,
+    }]);
+    let found = kinds(&crashed, calls);
+    assert!(found.contains(&"rollback".to_string()), "{found:?}");
+}
+
+#[test]
+fn over_admission_and_lost_admissions_are_caught() {
+    let limit = keys(1)[0].limit as i64;
+    let over: Vec<Call> = (0..=limit as u64)
+        .map(|i| answer(0, 10_000 + i, 1, 0, "n1"))
+        .collect();
+    assert!(kinds(&schedule(Vec::new()), over).contains(&"over-admission".to_string()));
+    // Three admissions answered, the final count shows one.
+    let s = schedule(Vec::new());
+    let mut calls: Vec<Call> = (0..3)
+        .map(|i| answer(0, 10_000 + i * 10, 1, limit - 1 - i as i64, "n1"))
+        .collect();
+    for n in 0..s.nodes {
+        let mut c = answer(0, s.heal + 2_000, 0, limit - 3, "n1");
+        c.node = n;
+        calls.push(c);
+    }
+    calls.push(answer(0, s.end + 2_000, 0, limit - 1, "n1"));
+    let lost = check(&s, &History { calls }, &[]);
+    assert!(
+        lost.iter()
+            .any(|v| v.key == Some(0) && v.what.starts_with("lost admissions")),
+        "{lost:?}"
+    );
+}
+
+/// Crash events: each node down at `at` and started again at `back` (ms).
+fn crashes(downs: &[(usize, u64, u64)]) -> Vec<(u64, usize, Event)> {
+    downs
+        .iter()
+        .flat_map(|&(n, at, back)| [(ms(at), n, Event::Crashed), (ms(back), n, Event::Started)])
+        .collect()
+}
+
+#[test]
+fn a_wipe_is_an_owner_and_its_replica_holder_crashed_together() {
+    use sluice::cluster::ring::{Member, Ring};
+    let s = schedule(Vec::new());
+    let grace = sluice::config::ClusterConfig::default()
+        .in_doubt_grace
+        .as_nanos() as u64;
+    let ring = Ring::new((0..s.nodes).map(|n| Member {
+        node_id: format!("n{n}").into(),
+        generation: 1,
+        grpc_addr: String::new(),
+        protocol: 0,
+        zone: Default::default(),
+    }));
+    let holders = |k: usize| {
+        let key = sluice::store::key::encode("sim", &format!("k{k}"));
+        let id = |m: Option<&Member>| m.map(|m| m.node_id[1..].parse::<usize>().unwrap());
+        (
+            id(ring.owner(&key)).unwrap(),
+            id(ring.successor(&key)).unwrap(),
+        )
+    };
+    // A key held by n0 and n1 (either way round), and one held by
+    // neither pair of theirs (n2 owns it or holds its replica).
+    let both = (0..100)
+        .find(|&k| matches!(holders(k), (0, 1) | (1, 0)))
+        .expect("a key of n0 and n1");
+    let other = (0..100)
+        .find(|&k| holders(k).0 == 2 || holders(k).1 == 2)
+        .expect("a key n2 holds");
+    // n0 crashed, n1 500 ms later while n0 was still down.
+    let together = Faults::of(&s, &crashes(&[(0, 10_000, 12_000), (1, 10_500, 13_000)]));
+    assert_eq!(together.wipes(&s, both), vec![ms(10_000) + grace]);
+    assert_eq!(together.wipes(&s, other), Vec::<u64>::new());
+    // The first node back before the second crash: its new process
+    // held nothing yet.
+    let back = Faults::of(&s, &crashes(&[(0, 10_000, 10_400), (1, 10_500, 13_000)]));
+    assert_eq!(back.wipes(&s, both), vec![ms(10_000) + grace]);
+    // n1 crashed and back, not yet rejoined, when n0 and n2 crash: the
+    // key's holders are those of the ring without n1 (n0 and n2).
+    let chain = Faults::of(
+        &s,
+        &crashes(&[(1, 6_000, 7_500), (2, 9_000, 12_000), (0, 9_200, 12_000)]),
+    );
+    assert_eq!(chain.wipes(&s, both), vec![ms(9_000) + grace]);
+    // Rejoined by then (REJOIN after it started): n0 and n1 hold it.
+    let rejoined = 7_500 + REJOIN;
+    let chain = Faults::of(
+        &s,
+        &crashes(&[
+            (1, 6_000, 7_500),
+            (2, rejoined, rejoined + 3_000),
+            (0, rejoined + 200, rejoined + 3_000),
+        ]),
+    );
+    assert_eq!(chain.wipes(&s, both), Vec::<u64>::new());
+    // The second crash beyond the window, the first still down.
+    let late = 10_000 + WIPE_WINDOW + 1;
+    let far = Faults::of(&s, &crashes(&[(0, 10_000, 20_000), (1, late, 21_000)]));
+    assert_eq!(far.wipes(&s, both), Vec::<u64>::new());
+    // At the same instant: one pair, counted once.
+    let same = Faults::of(&s, &crashes(&[(1, 10_000, 12_000), (0, 10_000, 12_000)]));
+    assert_eq!(same.wipes(&s, both), vec![ms(10_000) + grace]);
+}
+
+#[test]
+fn a_key_that_never_answers_exactly_after_the_heal_fails_liveness() {
+    let s = schedule(Vec::new());
+    let history = History::default();
+    let found = check(&s, &history, &[]);
+    assert!(
+        found
+            .iter()
+            .any(|v| v.key == Some(3) && v.what.starts_with("liveness")),
+        "{found:?}"
+    );
+}
