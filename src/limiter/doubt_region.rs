@@ -271,8 +271,8 @@ impl Region {
 
     /// What it publishes of untold holders: this node, where it opened the
     /// region, is a member of `previous` still, and an owner gone since
-    /// did not say, for a ring of the chain it was in, that this node held
-    /// its replicas (`me`); and the pairs a peer's word named. (Of an
+    /// did not say, for `previous`, that this node held its replicas
+    /// (`me`); and the pairs a peer's word named. (Of an
     /// adopted region, only the word's: its rings are rebuilt, and no owner
     /// named their epochs — a node back from a burial that adopted its
     /// peers' region named itself untold, and kept keys in doubt it held
@@ -291,17 +291,9 @@ impl Region {
                 if o == m || said_by_its_protocol(&members[o]) {
                     continue;
                 }
-                // The rings of the chain the owner was still in: before
-                // each step up to the one it was lost in.
-                let last = self.step_of[o].map_or(self.steps.len(), |t| usize::from(t) + 1);
-                let untold = (0..last.min(self.steps.len())).any(|s| {
-                    let skipped = |i: usize| self.step_of[i].is_some_and(|t| usize::from(t) < s);
-                    let epoch = match s {
-                        0 => self.previous.epoch(),
-                        _ => self.previous.epoch_without(skipped),
-                    };
-                    !(me.confirmed)(id, epoch)
-                });
+                // Of the first ring only, as `covers` reads untold holders
+                // (in a later ring the copy stayed with the holder before).
+                let untold = !(me.confirmed)(id, self.previous.epoch());
                 let pair = (Arc::from(me.id), id.clone());
                 if untold && !out.contains(&pair) {
                     out.push(pair);
