@@ -43,6 +43,10 @@ impl Node {
             .limiter
             .hand_off(within.max(Duration::from_millis(500)))
             .await;
+        // The retries' window is taken before the first pass, so a stalled
+        // holder's timeout counts in it (the leave overruns its handoff
+        // time by at most `pass_within`).
+        let retry_until = deadline.max(tokio::time::Instant::now() + pass_within);
         let (mut copies, mut unconfirmed) =
             self.limiter.pass_on_copies(&ring, pass_within, None).await;
         // A holder that took not all its copies (stalled, restarting) is
@@ -50,10 +54,12 @@ impl Node {
         // a key's last copy — its new owner lost meanwhile (simulator seed
         // 816 of `--mix any`: the new owner killed 250 ms into the leave,
         // the new holder stalled 1.6 s; the leaver exited with the count).
-        let retry_until = deadline.max(tokio::time::Instant::now() + pass_within);
         while !unconfirmed.is_empty() && tokio::time::Instant::now() < retry_until {
             tokio::time::sleep(Duration::from_millis(100)).await;
             let left = retry_until.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
             let (again, still) = self
                 .limiter
                 .pass_on_copies(&ring, pass_within.min(left), Some(&unconfirmed))
