@@ -193,7 +193,7 @@ pub struct ClusterConfig {
     /// node naming none, or of a release before zones, keeps placement
     /// zone-blind for all). Empty is none: in Kubernetes the DaemonSet
     /// reads the pod's `topology.kubernetes.io/zone` label, which is empty
-    /// where the cluster does not copy it from the node (README, "Zones").
+    /// where the cluster does not copy it from the node (docs/src/survives.md, "Zones").
     pub zone: Option<String>,
     /// The shared secret: gossip datagrams and peer calls carry an HMAC over
     /// it. Prefer `secret_file` (or `SLUICE_CLUSTER__SECRET`) to a literal.

@@ -1,4 +1,4 @@
-//! The layering of `src/` (DESIGN §2, README "Layout"), held by reading the
+//! The layering of `src/` (DESIGN §2, docs/src/design.md), held by reading the
 //! source: every `crate::<module>` path outside comments is an import of
 //! that top-level module. The rules:
 //!

@@ -366,7 +366,7 @@ async fn a_node_cut_off_within_dead_grace_over_admits_at_most_one_nth() {
     }
     // The bound holds while node-2 remembers the cluster it was cut from
     // (`dead_grace`, 2 s here): past it, a node alone is a cluster of one
-    // (README, "What survives which change").
+    // (docs/src/survives.md).
     let minority = nodes[2].http_get("/metrics").await.1;
     assert_eq!(
         metric(&minority, "sluice_minority"),

@@ -9,7 +9,7 @@ URL (`http://operator:<token>@127.0.0.1:<admin port>/`) — and asserts by the
 DOM chromium dumps after the page's own fetch of /status has filled it
 (`--virtual-time-budget`): all three node ids, their ring shares as the
 JSON gives them, and the refused key. A screenshot of the same page is
-saved to docs/status.png (the README shows it) when --screenshot is given;
+saved to docs/status.png (the book's API chapter shows it) when --screenshot is given;
 without it (CI) the screenshot is only checked, not kept.
 
 Headless chromium honours Basic credentials in a top-level URL, and the

@@ -385,7 +385,7 @@ fn an_entry_stays_small() {
     assert_eq!(size_of::<crate::algorithm::State>(), 32);
     assert_eq!(size_of::<Entry>(), 88);
     // A slot (the entry and a key of up to 46 bytes inline) and the
-    // index's slot number and control byte: the README's sizing figure.
+    // index's slot number and control byte: the sizing figure of docs/src/benchmarks.md.
     assert_eq!(crate::store::INLINE_BYTES, 141);
 }
 

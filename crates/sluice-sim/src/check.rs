@@ -33,7 +33,7 @@
 //!
 //! A node cut off (gRPC) from half its peers or more counts as a death at
 //! its fence ([`cut_off_fence`]): what it admitted as owner between the
-//! cut and finding itself deaf was never replicated (the README's cut-off
+//! cut and finding itself deaf was never replicated (docs/src/survives.md: the cut-off
 //! lag).
 //!
 //! With one replica, a key whose owner and replica holder crash together
