@@ -18,7 +18,9 @@ use serde::{Deserialize, Serialize};
 use crate::tls::{ApiTls, PeerTls};
 
 mod bytes;
+mod reference;
 pub use bytes::{ByteSize, parse_bytes};
+pub use reference::{reference, reference_defaults};
 
 /// Log output format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,9 +48,14 @@ pub struct Config {
     pub http_addr: SocketAddr,
     /// The admin API's own listener and credential.
     pub admin: AdminConfig,
+    /// Log lines as text for a terminal, or one JSON object per line for a
+    /// log pipeline. The level comes from `RUST_LOG` (default `info`).
     pub log_format: LogFormat,
+    /// Bounds on what the node accepts and keeps.
     pub limits: Limits,
+    /// Membership, forwarding, replication and the peer API.
     pub cluster: ClusterConfig,
+    /// The Envoy rate limit service front end (RLS v3).
     pub envoy: EnvoyConfig,
     /// TLS for the public gRPC API (optional).
     pub tls: Option<ApiTls>,
@@ -198,9 +205,13 @@ pub struct ClusterConfig {
     /// The shared secret: gossip datagrams and peer calls carry an HMAC over
     /// it. Prefer `secret_file` (or `SLUICE_CLUSTER__SECRET`) to a literal.
     pub secret: Option<String>,
+    /// A file holding the shared secret (surrounding whitespace ignored):
+    /// a mounted Kubernetes Secret, say. Read instead of `secret`.
     pub secret_file: Option<PathBuf>,
     /// This run's generation (a restart is a new one). Default: boot time in ms.
     pub generation: Option<u64>,
+    /// How often this node gossips with a peer: failure detection and
+    /// ring changes take a few of these.
     #[serde(with = "humantime_serde_compat")]
     pub gossip_interval: Duration,
     /// How many mean heartbeat intervals of silence mark a member dead.
@@ -212,7 +223,10 @@ pub struct ClusterConfig {
     /// call 20 ms in all).
     #[serde(with = "humantime_serde_compat")]
     pub forward_timeout: Duration,
+    /// Items in one forward RPC to a peer (a full batch leaves at once).
     pub batch_max_items: usize,
+    /// The longest a forwarded item waits for its batch to fill; a batch
+    /// also leaves as soon as no RPC to that peer is outstanding.
     #[serde(with = "humantime_serde_compat")]
     pub batch_wait: Duration,
     /// Items queued per peer before forwards fail fast.
@@ -394,11 +408,14 @@ pub struct PolicyConfig {
     /// token_bucket (default), gcra, leaky_bucket, fixed_window,
     /// sliding_window_counter or sliding_window_log.
     pub algorithm: Option<String>,
+    /// Requests (or cost units) allowed per `duration` or `window`.
     pub limit: u64,
     /// e.g. "1m", "250ms", "1day". Exactly one of `duration` and `window`.
     pub duration: Option<String>,
     /// A calendar window (fixed_window only): minute, hour, day, week, month, year.
     pub window: Option<String>,
+    /// Buckets only (token_bucket, gcra, leaky_bucket): the capacity, how
+    /// many may pass at once (default: `limit`).
     pub burst: Option<u64>,
     /// Decide and count, but always allow.
     pub shadow: bool,

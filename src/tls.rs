@@ -30,7 +30,9 @@ pub const RELOAD_POLL: Duration = Duration::from_secs(1);
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ApiTls {
+    /// The server's certificate chain (PEM); reloaded when it changes.
     pub cert_file: PathBuf,
+    /// The certificate's private key (PEM); reloaded with it.
     pub key_file: PathBuf,
     /// When set, callers must present a certificate signed by this CA.
     #[serde(default)]
@@ -45,9 +47,10 @@ pub struct PeerTls {
     pub ca_file: PathBuf,
     /// This node's certificate: used as the server's and as the client's.
     pub cert_file: PathBuf,
+    /// The certificate's private key (PEM).
     pub key_file: PathBuf,
     /// The name every node's certificate carries (a DNS SAN), which peers
-    /// check instead of an address.
+    /// check instead of an address. Default: `sluice-peer`.
     #[serde(default = "default_server_name")]
     pub server_name: String,
 }

@@ -1,9 +1,11 @@
-//! The `sluice` command line: `serve`, `check`, `admin`.
+//! The `sluice` command line: `serve`, `check`, `admin`, `cluster`, `bench`,
+//! `config`.
 
 mod admin;
 mod bench;
 mod check;
 mod cluster;
+mod config;
 mod serve;
 
 /// The token-bucket Lua script `sluice bench --target redis` runs: the
@@ -35,6 +37,8 @@ enum Command {
     Cluster(cluster::ClusterArgs),
     /// Load generator: closed or open loop, percentiles, JSON summary.
     Bench(bench::BenchArgs),
+    /// The configuration reference: every setting, its default and variable.
+    Config(config::ConfigArgs),
 }
 
 /// Parse the command line and run it; the process exit code.
@@ -57,6 +61,7 @@ pub fn main() -> std::process::ExitCode {
             Command::Admin(args) => admin::run(args).await,
             Command::Cluster(args) => cluster::run(args).await,
             Command::Bench(args) => bench::run(args).await,
+            Command::Config(args) => config::run(args).await,
         }
     });
     match result {
