@@ -44,18 +44,22 @@ impl Node {
             .hand_off(within.max(Duration::from_millis(500)))
             .await;
         // The retries' window is taken before the first pass, so a stalled
-        // holder's timeout counts in it (the leave overruns its handoff
-        // time by at most `pass_within`).
+        // holder's timeout counts in it — but never shorter than one retry
+        // after that pass: a `hand_off` that ran past the deadline would
+        // otherwise leave none, and the holder stalled just then is the
+        // one seed 816 needed asked again (a cold review at stop 62). The
+        // leave overruns its handoff time by at most two passes.
         let retry_until = deadline.max(tokio::time::Instant::now() + pass_within);
         let (mut copies, mut unconfirmed) =
             self.limiter.pass_on_copies(&ring, pass_within, None).await;
+        let retry_until = retry_until.max(tokio::time::Instant::now() + RETRY_PAUSE + pass_within);
         // A holder that took not all its copies (stalled, restarting) is
         // asked again until the handoff's time is up: this node may hold
         // a key's last copy — its new owner lost meanwhile (simulator seed
         // 816 of `--mix any`: the new owner killed 250 ms into the leave,
         // the new holder stalled 1.6 s; the leaver exited with the count).
         while !unconfirmed.is_empty() && tokio::time::Instant::now() < retry_until {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(RETRY_PAUSE).await;
             let left = retry_until.saturating_duration_since(tokio::time::Instant::now());
             if left.is_zero() {
                 break;
@@ -128,3 +132,6 @@ impl Node {
 
 /// How long a stopping node waits for open calls to finish.
 const DRAIN: Duration = Duration::from_secs(5);
+
+/// Between a leave's retries of the copies a holder did not take.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
