@@ -298,6 +298,51 @@ fn a_wipe_is_an_owner_and_its_replica_holder_crashed_together() {
     assert_eq!(same.wipes(&s, both), vec![ms(10_000) + grace]);
 }
 
+/// Every node down at once, or a new process too young to hold a copy:
+/// every key starts over at the crash that made it so, with no grace (no
+/// node saw the losses). A new process that ran long enough may hold
+/// copies; its pauses do not count as running.
+#[test]
+fn a_total_loss_wipes_every_key_at_once() {
+    let s = schedule(Vec::new());
+    let young = first_ready() / 1_000_000 - 100;
+    // n0 back `young` ms before n1's crash; n2 still down.
+    let total = Faults::of(
+        &s,
+        &crashes(&[
+            (0, 10_000, 10_400 - young),
+            (2, 10_100, 13_000),
+            (1, 10_400, 13_000),
+        ]),
+    );
+    for k in 0..KEYS {
+        assert!(total.wipes(&s, k).contains(&ms(10_400)), "key {k}");
+    }
+    // n0's new process ran long enough: it may hold copies.
+    let old = first_ready() / 1_000_000 + 100;
+    let ran = Faults::of(
+        &s,
+        &crashes(&[
+            (0, 9_000, 10_400 - old),
+            (2, 10_100, 13_000),
+            (1, 10_400, 13_000),
+        ]),
+    );
+    assert!(ran.total_losses(&s).is_empty());
+    // As long, but paused most of it: it ran too little.
+    let mut events = crashes(&[
+        (0, 9_000, 10_400 - old),
+        (2, 10_100, 13_000),
+        (1, 10_400, 13_000),
+    ]);
+    events.push((ms(10_400 - old + 50), 0, Event::Paused { span: ms(old) }));
+    let paused = Faults::of(&s, &events);
+    assert_eq!(paused.total_losses(&s), vec![ms(10_400)]);
+    // One node up throughout: never a total loss.
+    let two = Faults::of(&s, &crashes(&[(0, 10_000, 12_000), (1, 10_100, 13_000)]));
+    assert!(two.total_losses(&s).is_empty());
+}
+
 #[test]
 fn a_key_that_never_answers_exactly_after_the_heal_fails_liveness() {
     let s = schedule(Vec::new());

@@ -377,7 +377,7 @@ pub struct Regression {
 pub enum Expect {
     /// The run reports, on `key`, a violation whose text starts with
     /// `violation`: `rollback`, `over-admission`, `lost admissions`,
-    /// `liveness`.
+    /// `liveness`, `needless doubt`.
     FailsWith {
         violation: String,
         key: usize,
