@@ -369,6 +369,7 @@ mod tests {
         let d = Doubts::new(10 * S);
         let change = Change {
             me: "j",
+            born: 1,
             previous: &with_j,
             live: &live(&["c"]),
         };
@@ -397,6 +398,7 @@ mod tests {
         let d = Doubts::new(10 * S);
         let change = Change {
             me: "j",
+            born: 1,
             previous: &two,
             live: &[],
         };
@@ -427,6 +429,7 @@ mod tests {
             j.changed(
                 &Change {
                     me: "j",
+                    born: 1,
                     previous: &two,
                     live: &[],
                 },

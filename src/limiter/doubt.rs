@@ -89,6 +89,9 @@ pub struct Me<'a> {
 pub struct Change<'a> {
     /// This node's id.
     pub me: &'a str,
+    /// The generation this node's process started as: in `previous` at
+    /// it or a newer one, it was a member there as this process.
+    pub born: u64,
     /// The ring this node decided under before (empty right after start).
     pub previous: &'a Arc<Ring>,
     /// Members that can hold counts now, this node aside.
@@ -131,6 +134,11 @@ pub struct Doubts {
     /// The losses (sorted) of regions adopted or ended here, oldest
     /// first. Locked after `regions` when both are.
     done: Mutex<Vec<Losses>>,
+    /// Members this process saw lost in a change of its own view (at most
+    /// [`MAX_DONE`], oldest first): it read those losses in its own rings,
+    /// so a peer's word naming them and this node's older process (lost
+    /// before it started) does not rebuild them. Locked after `done`.
+    seen: Mutex<Losses>,
 }
 
 impl Doubts {
@@ -140,6 +148,7 @@ impl Doubts {
             any: AtomicBool::new(false),
             grace,
             done: Mutex::new(Vec::new()),
+            seen: Mutex::new(Vec::new()),
         }
     }
 
@@ -154,6 +163,10 @@ impl Doubts {
 
     fn done(&self) -> MutexGuard<'_, Vec<Losses>> {
         self.done.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn seen(&self) -> MutexGuard<'_, Losses> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether `gone` (sorted) is within the losses of a region adopted or
@@ -189,6 +202,24 @@ impl Doubts {
             .filter(|m| &*m.node_id != c.me && !is_live(&m.node_id, m.generation))
             .map(|m| (m.node_id.clone(), m.generation))
             .collect();
+        // Seen as a member (in the ring, as this process), not while
+        // joining: a node that starts while a member is lost reads that
+        // loss in no ring of its own, and takes the peers' word for it.
+        let member = c
+            .previous
+            .member(c.me)
+            .is_some_and(|m| m.generation >= c.born);
+        if member {
+            let mut seen = self.seen();
+            for g in &gone {
+                if !seen.contains(g) {
+                    if seen.len() >= MAX_DONE {
+                        seen.remove(0);
+                    }
+                    seen.push(g.clone());
+                }
+            }
+        }
         let mut ended = Ended::default();
         let mut regions = self.regions();
         for r in regions.iter_mut() {
@@ -281,6 +312,7 @@ impl Doubts {
         let me = &*me.node_id;
         let mut regions = self.regions();
         let done = self.done();
+        let seen = self.seen();
         let mut count = 0;
         for p in published {
             // Members this node hears as the process they were then are
@@ -308,8 +340,24 @@ impl Doubts {
             // lost. Heard at the generation named, it was never lost here.
             let back =
                 |(id, g): &(Arc<str>, u64)| live.iter().any(|m| m.was(id, *g) && *g < m.generation);
+            // A word naming this node's older process (lost before this
+            // one started) may go on to name losses this process saw
+            // itself, as a member: the publisher joined them to its
+            // region within the grace. This node read those in its own
+            // rings, where its new process was a holder of record — it
+            // took its keys by the transfer, and was told of replicas —
+            // so they are left out of the word: rebuilt over its old
+            // process, they put in doubt keys this process has owned,
+            // current, since it joined (simulator seed 1985 of `--mix
+            // any`: `rejoined-member-kept-in-doubt.json`). The losses
+            // before it started stay: those it did not see.
+            let names_old_me = p.gone.iter().any(|(id, g)| &**id == me && *g < born);
+            let saw = |g: &(Arc<str>, u64)| names_old_me && seen.contains(g);
             let mut lost: Vec<(Arc<str>, u64)> = Vec::new();
             for g in p.gone.iter().filter(|(id, g)| !(&**id == me && *g >= born)) {
+                if saw(g) {
+                    continue;
+                }
                 if (!is_live(g) || back(g)) && !lost.iter().any(|(id, _)| *id == g.0) {
                     lost.push(g.clone());
                 }

@@ -70,7 +70,15 @@ fn anyone() -> Me<'static> {
 
 /// `me` moves from `previous` to a view with `live` peers.
 fn change(d: &Doubts, me: &str, previous: &Arc<Ring>, live: &[Heard], at: Nanos) -> Ended {
-    d.changed(&Change { me, previous, live }, at)
+    d.changed(
+        &Change {
+            me,
+            born: 1,
+            previous,
+            live,
+        },
+        at,
+    )
 }
 
 #[test]
@@ -760,4 +768,58 @@ fn a_member_lost_after_joining_is_published_with_its_zone() {
     for (id, zone) in [("c", "z1"), ("d", "z2"), ("e", "z3")] {
         assert_eq!(&*over_first.zone_of(id), zone, "{id}");
     }
+}
+
+/// Simulator seed 1985: b's process died (generation 1) and the next
+/// one (born 3) rejoined, taking b's keys by the transfer; a was lost
+/// later, within the grace of b's burial, so c joined it to the region
+/// it opened for b and publishes both. b saw a go as a member: it reads
+/// that loss in its own ring, where it owned its keys, current — the
+/// word's rebuilt ring over its old process does not put them in doubt.
+/// Seen while b was still joining (not in the ring), the loss is the
+/// peers' word to take.
+#[test]
+fn a_loss_this_process_saw_as_a_member_is_not_read_over_its_old_process() {
+    let before = Arc::new(Ring::new([member("a", 1), member("b", 1), member("c", 1)]));
+    let with_new_b = Arc::new(Ring::new([member("a", 1), member("b", 3), member("c", 1)]));
+    let now = Arc::new(Ring::new([member("b", 3), member("c", 1)]));
+    let k = key_of(&before, "b", "a");
+    let word = word_of(&[("b", 1), ("a", 1)], 9);
+    let b = heard("b", 3, 3);
+    let changed = |d: &Doubts, previous: &Arc<Ring>| {
+        d.changed(
+            &Change {
+                me: "b",
+                born: 3,
+                previous,
+                live: &live(&["c"]),
+            },
+            30 * S,
+        )
+    };
+    let mut ended = Ended::default();
+
+    let member_then = Doubts::new(10 * S);
+    changed(&member_then, &with_new_b);
+    assert_eq!(member_then.adopt(&word, &now, &live(&["c"]), &b, 31 * S), 0);
+    assert!(
+        !member_then.in_doubt(&k, 32 * S, &mut ended, &anyone()),
+        "b owned k, current, when a went"
+    );
+
+    // Still joining: the ring it saw a lost from was its peers' alone.
+    let joining = Doubts::new(10 * S);
+    changed(
+        &joining,
+        &Arc::new(Ring::new([member("a", 1), member("c", 1)])),
+    );
+    assert_eq!(joining.adopt(&word, &now, &live(&["c"]), &b, 31 * S), 1);
+    assert!(
+        joining.in_doubt(&k, 32 * S, &mut ended, &anyone()),
+        "b's old process and a held k; b's new one took it from neither"
+    );
+    // So too with its old process's entry in the ring it saw a lost from.
+    let old_entry = Doubts::new(10 * S);
+    changed(&old_entry, &before);
+    assert_eq!(old_entry.adopt(&word, &now, &live(&["c"]), &b, 31 * S), 1);
 }

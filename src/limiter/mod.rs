@@ -338,6 +338,7 @@ impl Limiter {
         };
         let change = doubt::Change {
             me: &me,
+            born: self.shared.born,
             previous,
             live: &reachable,
         };
