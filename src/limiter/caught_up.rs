@@ -370,6 +370,7 @@ mod tests {
         let change = Change {
             me: "j",
             born: 1,
+            held: &|_| true,
             previous: &with_j,
             live: &live(&["c"]),
         };
@@ -399,6 +400,7 @@ mod tests {
         let change = Change {
             me: "j",
             born: 1,
+            held: &|_| true,
             previous: &two,
             live: &[],
         };
@@ -430,6 +432,7 @@ mod tests {
                 &Change {
                     me: "j",
                     born: 1,
+                    held: &|_| true,
                     previous: &two,
                     live: &[],
                 },

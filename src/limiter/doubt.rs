@@ -85,13 +85,18 @@ pub struct Me<'a> {
 }
 
 /// A change of view as [`Doubts::changed`] reads it.
-#[derive(Debug)]
 pub struct Change<'a> {
     /// This node's id.
     pub me: &'a str,
     /// The generation this node's process started as: in `previous` at
     /// it or a newer one, it was a member there as this process.
     pub born: u64,
+    /// Whether this process held current copies in `previous` of what a
+    /// member of it (by id) left there: its transfer for that ring was
+    /// complete (what it owned), and the member said it caught up with
+    /// that ring (what it held of the member's) — in the ring is not
+    /// enough: a node turns ready before either.
+    pub held: &'a dyn Fn(&str) -> bool,
     /// The ring this node decided under before (empty right after start).
     pub previous: &'a Arc<Ring>,
     /// Members that can hold counts now, this node aside.
@@ -205,13 +210,18 @@ impl Doubts {
         // Seen as a member (in the ring, as this process), not while
         // joining: a node that starts while a member is lost reads that
         // loss in no ring of its own, and takes the peers' word for it.
+        // And only where this process held current copies of what the
+        // member left there ([`Change::held`]). A member heard again as
+        // the process it was is no loss (a suspicion): forgotten, so its
+        // real loss later is read afresh.
         let member = c
             .previous
             .member(c.me)
             .is_some_and(|m| m.generation >= c.born);
-        if member {
+        {
             let mut seen = self.seen();
-            for g in &gone {
+            seen.retain(|(id, g)| !is_live(id, *g));
+            for g in gone.iter().filter(|(id, _)| member && (c.held)(id)) {
                 if !seen.contains(g) {
                     if seen.len() >= MAX_DONE {
                         seen.remove(0);
@@ -263,6 +273,8 @@ impl Doubts {
     /// `Limiter::set_view`). What they held was not taken from a best
     /// copy here: the regions the peers publish carry it on.
     pub fn forget(&self) {
+        // The rings its losses were seen in are gone with the regions.
+        self.seen().clear();
         self.regions().clear();
         self.any.store(false, Ordering::Release);
     }
@@ -342,28 +354,29 @@ impl Doubts {
                 |(id, g): &(Arc<str>, u64)| live.iter().any(|m| m.was(id, *g) && *g < m.generation);
             // A word naming this node's older process (lost before this
             // one started) may go on to name losses this process saw
-            // itself, as a member: the publisher joined them to its
-            // region within the grace. This node read those in its own
-            // rings, where its new process was a holder of record — it
-            // took its keys by the transfer, and was told of replicas —
-            // so they are left out of the word: rebuilt over its old
-            // process, they put in doubt keys this process has owned,
-            // current, since it joined (simulator seed 1985 of `--mix
-            // any`: `rejoined-member-kept-in-doubt.json`). The losses
-            // before it started stay: those it did not see.
+            // itself, as a member holding current copies of what they
+            // left it (`Doubts::seen`): the publisher joined them to its
+            // region within the grace. Such a member is not gone here —
+            // this process held its keys' counts, current, when it went
+            // — but keeps its place in the rebuilt rings, as one back
+            // does: rebuilt as gone over this node's old process, they
+            // put in doubt keys this process had owned, current, since it
+            // joined (simulator seed 1985 of `--mix any`:
+            // `rejoined-member-kept-in-doubt.json`). The losses before it
+            // started stay: those it did not see.
             let names_old_me = p.gone.iter().any(|(id, g)| &**id == me && *g < born);
             let saw = |g: &(Arc<str>, u64)| names_old_me && seen.contains(g);
             let mut lost: Vec<(Arc<str>, u64)> = Vec::new();
             for g in p.gone.iter().filter(|(id, g)| !(&**id == me && *g >= born)) {
-                if saw(g) {
-                    continue;
-                }
                 if (!is_live(g) || back(g)) && !lost.iter().any(|(id, _)| *id == g.0) {
                     lost.push(g.clone());
                 }
             }
-            let mut gone: Vec<(Arc<str>, u64)> =
-                lost.iter().filter(|g| !is_live(g)).cloned().collect();
+            let mut gone: Vec<(Arc<str>, u64)> = lost
+                .iter()
+                .filter(|g| !is_live(g) && !saw(g))
+                .cloned()
+                .collect();
             gone.sort();
             // Held here already: the same losses, over rings rebuilt
             // from as much (a region whose word names a member back since

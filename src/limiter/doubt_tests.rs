@@ -74,6 +74,7 @@ fn change(d: &Doubts, me: &str, previous: &Arc<Ring>, live: &[Heard], at: Nanos)
         &Change {
             me,
             born: 1,
+            held: &|_| true,
             previous,
             live,
         },
@@ -773,53 +774,94 @@ fn a_member_lost_after_joining_is_published_with_its_zone() {
 /// Simulator seed 1985: b's process died (generation 1) and the next
 /// one (born 3) rejoined, taking b's keys by the transfer; a was lost
 /// later, within the grace of b's burial, so c joined it to the region
-/// it opened for b and publishes both. b saw a go as a member: it reads
-/// that loss in its own ring, where it owned its keys, current — the
-/// word's rebuilt ring over its old process does not put them in doubt.
-/// Seen while b was still joining (not in the ring), the loss is the
-/// peers' word to take.
+/// it opened for b and publishes both. b saw a go as a member holding
+/// current copies of what a left it (its transfer complete, a's word
+/// that it caught up): the word's rebuilt ring over b's old process does
+/// not put b's keys in doubt. Anything less — a loss seen while joining,
+/// from its old process's entry, with a never having said it caught up,
+/// a member only suspected then heard again, or the seen losses of a
+/// process that rejoined since — leaves the word to take.
 #[test]
-fn a_loss_this_process_saw_as_a_member_is_not_read_over_its_old_process() {
+fn a_loss_this_process_saw_holding_current_copies_is_not_read_over_its_old_process() {
     let before = Arc::new(Ring::new([member("a", 1), member("b", 1), member("c", 1)]));
     let with_new_b = Arc::new(Ring::new([member("a", 1), member("b", 3), member("c", 1)]));
     let now = Arc::new(Ring::new([member("b", 3), member("c", 1)]));
+    // Owned by b (its old process, then this one), replica with a; and
+    // the other way round.
     let k = key_of(&before, "b", "a");
+    let k_ab = key_of(&before, "a", "b");
     let word = word_of(&[("b", 1), ("a", 1)], 9);
     let b = heard("b", 3, 3);
-    let changed = |d: &Doubts, previous: &Arc<Ring>| {
+    let me_b = Me {
+        id: "b",
+        confirmed: &|_, _| true,
+    };
+    let changed = |d: &Doubts, previous: &Arc<Ring>, live: &[Heard], held: bool| {
         d.changed(
             &Change {
                 me: "b",
                 born: 3,
+                held: &|_| held,
                 previous,
-                live: &live(&["c"]),
+                live,
             },
             30 * S,
-        )
+        );
     };
-    let mut ended = Ended::default();
+    let adopts = |d: &Doubts| d.adopt(&word, &now, &live(&["c"]), &b, 31 * S);
+    let in_doubt = |d: &Doubts, k: &[u8]| d.in_doubt(k, 32 * S, &mut Ended::default(), &me_b);
 
-    let member_then = Doubts::new(10 * S);
-    changed(&member_then, &with_new_b);
-    assert_eq!(member_then.adopt(&word, &now, &live(&["c"]), &b, 31 * S), 0);
-    assert!(
-        !member_then.in_doubt(&k, 32 * S, &mut ended, &anyone()),
-        "b owned k, current, when a went"
-    );
+    let held = Doubts::new(10 * S);
+    changed(&held, &with_new_b, &live(&["c"]), true);
+    assert_eq!(adopts(&held), 0);
+    assert!(!in_doubt(&held, &k), "b owned k, current, when a went");
+    assert!(!in_doubt(&held, &k_ab), "b held a's replica, told");
+
+    // a never said b caught up (or b's transfer was not complete): the
+    // copies at b may be older than what a and b's old process held.
+    let untold = Doubts::new(10 * S);
+    changed(&untold, &with_new_b, &live(&["c"]), false);
+    assert_eq!(adopts(&untold), 1);
+    assert!(in_doubt(&untold, &k));
+    assert!(in_doubt(&untold, &k_ab));
 
     // Still joining: the ring it saw a lost from was its peers' alone.
     let joining = Doubts::new(10 * S);
     changed(
         &joining,
         &Arc::new(Ring::new([member("a", 1), member("c", 1)])),
+        &live(&["c"]),
+        true,
     );
-    assert_eq!(joining.adopt(&word, &now, &live(&["c"]), &b, 31 * S), 1);
+    assert_eq!(adopts(&joining), 1);
     assert!(
-        joining.in_doubt(&k, 32 * S, &mut ended, &anyone()),
+        in_doubt(&joining, &k),
         "b's old process and a held k; b's new one took it from neither"
     );
     // So too with its old process's entry in the ring it saw a lost from.
     let old_entry = Doubts::new(10 * S);
-    changed(&old_entry, &before);
-    assert_eq!(old_entry.adopt(&word, &now, &live(&["c"]), &b, 31 * S), 1);
+    changed(&old_entry, &before, &live(&["c"]), true);
+    assert_eq!(adopts(&old_entry), 1);
+    assert!(in_doubt(&old_entry, &k));
+
+    // a only suspected, then heard again as the process it was: no loss
+    // seen; its real loss later (unseen here) is the word's.
+    let suspected = Doubts::new(10 * S);
+    changed(&suspected, &with_new_b, &live(&["c"]), true);
+    changed(
+        &suspected,
+        &with_new_b,
+        &[heard("a", 1, 1), heard("c", 1, 1)],
+        true,
+    );
+    assert_eq!(adopts(&suspected), 1);
+    assert!(in_doubt(&suspected, &k));
+
+    // This process rejoined since (buried and back): the rings it saw
+    // the loss in are forgotten with its regions.
+    let rejoined = Doubts::new(10 * S);
+    changed(&rejoined, &with_new_b, &live(&["c"]), true);
+    rejoined.forget();
+    assert_eq!(adopts(&rejoined), 1);
+    assert!(in_doubt(&rejoined, &k));
 }

@@ -260,6 +260,9 @@ impl Limiter {
         let size = view.size as u64;
         let minority = ready * 2 <= size && size > 1;
         let rejoined = view.self_generation != old.generation;
+        // Read before the change cancels it: whether this node held what
+        // it owned in the ring before (for the regions of doubt).
+        let transfer_done = old.incoming.complete();
         let changed = old.ring.epoch() != view.ring.epoch() || rejoined || old.view == 0;
         let live = view.live();
         self.shared.peers.follow(&view.ring, &live);
@@ -336,9 +339,13 @@ impl Limiter {
         } else {
             &old.ring
         };
+        let catch_up = &self.shared.catch_up;
+        let previous_epoch = previous.epoch();
+        let held = |id: &str| transfer_done && catch_up.confirmed(id, previous_epoch);
         let change = doubt::Change {
             me: &me,
             born: self.shared.born,
+            held: &held,
             previous,
             live: &reachable,
         };
