@@ -1,6 +1,6 @@
 //! Operator surfaces over real gRPC and HTTP: admin reset, inspect and top
-//! keys; gRPC health; server reflection (v1 and v1alpha); /metrics, /healthz
-//! and /readyz.
+//! keys; gRPC health; server reflection (v1 and v1alpha); /metrics, /healthz,
+//! /readyz and /runbooks.
 
 mod common;
 
@@ -251,4 +251,20 @@ async fn http_admin_endpoints() {
         assert!(body.contains(line), "missing {line:?} in\n{body}");
     }
     assert_eq!(n.http_get("/nope").await.0, 404);
+    // The runbooks the alerts link to: the list, one alert's, and an
+    // unknown alert named in a 404.
+    let (status, body) = n.http_get("/runbooks").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("\nSluiceNodeDown\n"), "{body}");
+    let (status, body) = n.http_get("/runbooks/SluiceKeysInDoubt").await;
+    assert_eq!(status, 200);
+    assert!(body.starts_with("## SluiceKeysInDoubt\n"), "{body}");
+    assert!(body.contains("accept-best-copies"), "{body}");
+    assert!(
+        !body.contains("## SluiceKeysTakenFromBestCopy"),
+        "one section: {body}"
+    );
+    let (status, body) = n.http_get("/runbooks/SluiceNope").await;
+    assert_eq!(status, 404);
+    assert!(body.contains("SluiceNope"), "{body}");
 }

@@ -1,6 +1,7 @@
 //! HTTP admin: `/metrics` (Prometheus text), `/healthz` (the process is up),
-//! `/readyz` (the node is serving decisions), and `POST /v1/check` — one
-//! decision for curl users and stacks without gRPC.
+//! `/readyz` (the node is serving decisions), `/runbooks` (one per alert:
+//! `runbooks.rs`), and `POST /v1/check` — one decision for curl users and
+//! stacks without gRPC.
 //!
 //! `/v1/check` takes a JSON object with the fields of one `sluice.v1`
 //! request (`name`, `unique_key`, `hits`, `limit`, `duration_ms` or `window`,
@@ -56,6 +57,8 @@ pub fn router(
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/v1/check", post(check))
+        .route("/runbooks", get(super::runbooks::index))
+        .route("/runbooks/{alert}", get(super::runbooks::one))
         // A request is a call in progress on its connection until its
         // answer is sent: the idle timeout closes only quiet connections.
         .layer(super::idle::CountCallsLayer)

@@ -28,6 +28,7 @@ pub mod listener;
 pub mod operator;
 pub mod peer;
 pub mod readiness;
+pub mod runbooks;
 pub mod status;
 pub mod v1;
 pub mod wire;
