@@ -60,7 +60,11 @@ const RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 #[derive(Debug, Default)]
 pub(super) struct CatchUp {
     progress: Mutex<Progress>,
-    heard: Mutex<HashMap<Arc<str>, Vec<u64>>>,
+    /// Per owner, the rings it said this node caught up with (epochs),
+    /// each with this node's view number when the word last came: a ring
+    /// with the same members comes back with the same epoch, and a word
+    /// from its earlier stretch says nothing of the later one.
+    heard: Mutex<HashMap<Arc<str>, Vec<(u64, u64)>>>,
     /// A scan published a mark: the replicator runs a round for it though
     /// no change waits (a view that moved nothing still owes the word).
     pub(super) owed: tokio::sync::Notify,
@@ -152,16 +156,24 @@ impl CatchUp {
         self.progress.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn heard(&self) -> MutexGuard<'_, HashMap<Arc<str>, Vec<u64>>> {
+    fn heard(&self) -> MutexGuard<'_, HashMap<Arc<str>, Vec<(u64, u64)>>> {
         self.heard.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether `owner` said this node holds every replica of its keys
     /// that the ring `epoch` gives it.
     pub(super) fn confirmed(&self, owner: &str, epoch: u64) -> bool {
+        self.confirmed_since(owner, epoch, 0)
+    }
+
+    /// [`Self::confirmed`], by a word that came once this node's view
+    /// number was `view` or later: about the stretch of that ring since
+    /// this node adopted it in view `view` (a word that came before, while
+    /// this node was behind, is not counted — the safe side).
+    pub(super) fn confirmed_since(&self, owner: &str, epoch: u64, view: u64) -> bool {
         self.heard()
             .get(owner)
-            .is_some_and(|rings| rings.contains(&epoch))
+            .is_some_and(|rings| rings.iter().any(|&(e, at)| e == epoch && at >= view))
     }
 }
 
@@ -234,13 +246,13 @@ impl Limiter {
                 return;
             }
         }
+        let view = self.shared.topology.load().view;
         let rings = heard.entry(Arc::from(owner)).or_default();
-        if !rings.contains(&epoch) {
-            if rings.len() >= RINGS_PER_OWNER {
-                rings.remove(0);
-            }
-            rings.push(epoch);
+        rings.retain(|&(e, _)| e != epoch);
+        if rings.len() >= RINGS_PER_OWNER {
+            rings.remove(0);
         }
+        rings.push((epoch, view));
     }
 
     /// The view's transfer is complete: what it merged is queued, and the
@@ -482,10 +494,15 @@ mod tests {
     #[test]
     fn a_holder_is_confirmed_for_the_last_rings_named_only() {
         let c = CatchUp::default();
-        c.heard().insert(Arc::from("o"), vec![5, 7]);
+        c.heard().insert(Arc::from("o"), vec![(5, 2), (7, 4)]);
         assert!(c.confirmed("o", 5));
         assert!(c.confirmed("o", 7));
         assert!(!c.confirmed("o", 3), "another ring");
         assert!(!c.confirmed("p", 5), "never told");
+        // Since a view: the word for ring 5 came in view 2, so it says
+        // nothing of that ring adopted again in view 6.
+        assert!(c.confirmed_since("o", 5, 2));
+        assert!(!c.confirmed_since("o", 5, 6));
+        assert!(c.confirmed_since("o", 7, 4));
     }
 }

@@ -865,3 +865,48 @@ fn a_loss_this_process_saw_holding_current_copies_is_not_read_over_its_old_proce
     assert_eq!(adopts(&rejoined), 1);
     assert!(in_doubt(&rejoined, &k));
 }
+
+/// The same with four members and one loss seen, one not: a (seen: it
+/// told b it caught up) keeps its place in the rebuilt rings but is not
+/// gone; d (never told b) is. Keys of b's old process and d stay in
+/// doubt, those of b's old process and a do not, and keys of a and d
+/// are in doubt under b's own region over the ring it saw both lost from.
+#[test]
+fn of_two_losses_after_the_rejoin_only_the_one_held_is_seen() {
+    let before = Arc::new(Ring::new(["a", "b", "c", "d"].map(|id| member(id, 1))));
+    let with_new_b = Arc::new(Ring::new([
+        member("a", 1),
+        member("b", 3),
+        member("c", 1),
+        member("d", 1),
+    ]));
+    let now = Arc::new(Ring::new([member("b", 3), member("c", 1)]));
+    let d = Doubts::new(10 * S);
+    d.changed(
+        &Change {
+            me: "b",
+            born: 3,
+            held: &|id| id == "a",
+            previous: &with_new_b,
+            live: &live(&["c"]),
+        },
+        30 * S,
+    );
+    let word = word_of(&[("b", 1), ("a", 1), ("d", 1)], 9);
+    assert_eq!(
+        d.adopt(&word, &now, &live(&["c"]), &heard("b", 3, 3), 31 * S),
+        1
+    );
+    let me_b = Me {
+        id: "b",
+        confirmed: &|_, _| true,
+    };
+    let in_doubt = |k: &[u8]| d.in_doubt(k, 32 * S, &mut Ended::default(), &me_b);
+    assert!(
+        in_doubt(&key_of(&before, "b", "d")),
+        "d's loss is the word's"
+    );
+    assert!(!in_doubt(&key_of(&before, "b", "a")), "a left b its copies");
+    assert!(in_doubt(&key_of(&before, "a", "d")), "b's own region");
+    assert!(!in_doubt(&key_of(&before, "a", "c")), "c lives");
+}

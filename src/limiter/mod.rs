@@ -339,9 +339,15 @@ impl Limiter {
         } else {
             &old.ring
         };
+        // Held what a member left it there: the transfer for that ring
+        // complete, and the member's word that this node caught up with
+        // it, said since this node adopted it (the same members make the
+        // same epoch again: a word from an earlier stretch of that ring
+        // is not about this one). A member of the previous release never
+        // says it: its losses are never seen here (doubt on the safe side).
         let catch_up = &self.shared.catch_up;
-        let previous_epoch = previous.epoch();
-        let held = |id: &str| transfer_done && catch_up.confirmed(id, previous_epoch);
+        let (previous_epoch, since) = (previous.epoch(), old.view);
+        let held = |id: &str| transfer_done && catch_up.confirmed_since(id, previous_epoch, since);
         let change = doubt::Change {
             me: &me,
             born: self.shared.born,
