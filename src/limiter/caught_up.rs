@@ -55,6 +55,10 @@ const RINGS_PER_OWNER: usize = 4;
 /// say it (an idle node runs no round of its own).
 const RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// Per owner, `(epoch, view)`: a ring it said this node caught up with,
+/// and this node's view number when the word came.
+type Heard = HashMap<Arc<str>, Vec<(u64, u64)>>;
+
 /// Both sides, in the limiter's shared state. Std mutexes: held for a map
 /// lookup or update, never across an await.
 #[derive(Debug, Default)]
@@ -64,7 +68,7 @@ pub(super) struct CatchUp {
     /// each with this node's view number when the word last came: a ring
     /// with the same members comes back with the same epoch, and a word
     /// from its earlier stretch says nothing of the later one.
-    heard: Mutex<HashMap<Arc<str>, Vec<(u64, u64)>>>,
+    heard: Mutex<Heard>,
     /// A scan published a mark: the replicator runs a round for it though
     /// no change waits (a view that moved nothing still owes the word).
     pub(super) owed: tokio::sync::Notify,
@@ -156,7 +160,7 @@ impl CatchUp {
         self.progress.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn heard(&self) -> MutexGuard<'_, HashMap<Arc<str>, Vec<(u64, u64)>>> {
+    fn heard(&self) -> MutexGuard<'_, Heard> {
         self.heard.lock().unwrap_or_else(|p| p.into_inner())
     }
 
