@@ -1,5 +1,5 @@
 //! `sluice cluster status`: the members a node sees, their states and ring
-//! shares; `sluice cluster accept-best-copies`: end the regions of doubt.
+//! shares (`--wait-for N`: once N are in the ring); `sluice cluster accept-best-copies`: end the regions of doubt.
 
 use clap::{Args, Subcommand};
 
@@ -24,6 +24,14 @@ enum ClusterCommand {
         addr: String,
         #[arg(long)]
         json: bool,
+        /// Wait until the node sees this many members in its ring and its
+        /// transfer for that view is complete (a node still starting, its
+        /// port not bound yet, is waited for too), then print; fail after
+        /// `--timeout-secs`. For scripts that start a cluster.
+        #[arg(long, value_name = "MEMBERS")]
+        wait_for: Option<usize>,
+        #[arg(long, default_value_t = 60, requires = "wait_for")]
+        timeout_secs: u64,
     },
     /// Decide every key in doubt from its best copy now, on the node asked
     /// and (`--all`) every member it sees: for when the owner and replica
@@ -42,17 +50,25 @@ enum ClusterCommand {
 }
 
 pub async fn run(args: ClusterArgs) -> CliResult {
-    let (addr, json) = match args.command {
-        ClusterCommand::Status { addr, json } => (addr, json),
+    let (addr, json, wait) = match args.command {
+        ClusterCommand::Status {
+            addr,
+            json,
+            wait_for,
+            timeout_secs,
+        } => (
+            addr,
+            json,
+            wait_for.map(|n| (n, std::time::Duration::from_secs(timeout_secs))),
+        ),
         ClusterCommand::AcceptBestCopies { addr, all } => {
             return accept_best_copies(&args.operator, &addr, all).await;
         }
     };
-    let mut client = args.operator.admin(&addr).await?;
-    let s = client
-        .cluster_status(pb::ClusterStatusRequest {})
-        .await?
-        .into_inner();
+    let s = match wait {
+        None => status(&args.operator, &addr).await?,
+        Some((members, timeout)) => wait_for(&args.operator, &addr, members, timeout).await?,
+    };
     if json {
         let members: Vec<_> = s
             .members
@@ -131,6 +147,57 @@ pub async fn run(args: ClusterArgs) -> CliResult {
         );
     }
     Ok(())
+}
+
+async fn status(
+    operator: &super::Operator,
+    addr: &str,
+) -> Result<pb::ClusterStatusResponse, Box<dyn std::error::Error + Send + Sync>> {
+    let mut client = operator.admin(addr).await?;
+    Ok(client
+        .cluster_status(pb::ClusterStatusRequest {})
+        .await?
+        .into_inner())
+}
+
+/// Whether `s` shows `members` in the ring and the transfer for its view
+/// complete: the cluster formed, as this node sees it.
+fn formed(s: &pb::ClusterStatusResponse, members: usize) -> bool {
+    s.members.iter().filter(|m| m.in_ring).count() >= members && s.transfer_complete
+}
+
+/// Ask every 200 ms until the node's status is [`formed`], or fail at
+/// `timeout` with what it last said.
+async fn wait_for(
+    operator: &super::Operator,
+    addr: &str,
+    members: usize,
+    timeout: std::time::Duration,
+) -> Result<pb::ClusterStatusResponse, Box<dyn std::error::Error + Send + Sync>> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let last = match status(operator, addr).await {
+            Ok(s) if formed(&s, members) => return Ok(s),
+            Ok(s) => format!(
+                "{} of {} members in the ring, transfer {}",
+                s.members.iter().filter(|m| m.in_ring).count(),
+                s.members.len(),
+                if s.transfer_complete {
+                    "complete"
+                } else {
+                    "in progress"
+                }
+            ),
+            Err(e) => format!("not reached: {e}"),
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!(
+                "{addr}: not {members} members in the ring after {timeout:?} (last: {last})"
+            )
+            .into());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }
 
 async fn accept_best_copies(operator: &super::Operator, addr: &str, all: bool) -> CliResult {
