@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Check the links of the README and the book (docs/src): every relative
+"""Check the links of the README, the benchmarks' README and history, and
+the book (docs/src): every relative
 link names a file that exists, every #anchor a heading of its target, every
 chapter is in SUMMARY.md and every SUMMARY entry exists. Exits 1 naming
 each broken link. (The book's own build, mdBook, does not check links.)"""
@@ -53,7 +54,7 @@ def check(path, errors):
 def main():
     errors = []
     src = os.path.join(ROOT, "docs", "src")
-    files = [os.path.join(ROOT, "README.md")]
+    files = [os.path.join(ROOT, p) for p in ("README.md", "benches/README.md", "benches/HISTORY.md")]
     files += sorted(os.path.join(src, f) for f in os.listdir(src) if f.endswith(".md"))
     for f in files:
         check(f, errors)
