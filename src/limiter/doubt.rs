@@ -657,3 +657,7 @@ impl super::Limiter {
 #[cfg(test)]
 #[path = "doubt_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "doubt_adopt_tests.rs"]
+mod adopt_tests;

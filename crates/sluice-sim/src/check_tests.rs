@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::history::{Outcome, Status};
+use crate::schedule::{Fault, Proto};
 
 /// Three nodes, the faults given, healed at 38 s, traffic to 50 s.
 pub(crate) fn schedule(faults: Vec<Fault>) -> Schedule {

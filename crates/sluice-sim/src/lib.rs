@@ -23,6 +23,7 @@
 
 pub mod check;
 pub mod doubt_check;
+pub mod faults;
 pub mod history;
 pub mod membership_check;
 pub mod schedule;

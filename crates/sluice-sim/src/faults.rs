@@ -1,0 +1,347 @@
+//! What a run did to its nodes, as the checker reads it: the deaths
+//! (crashes, pauses long enough to give keys up, a node cut off at its
+//! fence), what held replication up, and when a key's every copy may have
+//! been lost (`Faults::wipes`) — with the timing bounds of the node they
+//! rest on.
+
+use sluice::cluster::ring::Member;
+
+use crate::check::{ms, ring_of};
+use crate::schedule::{Fault, Proto, Schedule};
+use crate::sim::Event;
+
+/// An owner replicates a change within this long (ms), with no fault in
+/// the way: as soon as a change waits, then every `replicate_interval`
+/// (20 ms) while changes come — plus the simulated network.
+pub const LAG: u64 = 100;
+
+/// How long (ms) a node cut off from a majority may go on owning: until
+/// it has heard no majority for one and a half `away_after`, read at its
+/// gossip rounds (two more of them, for the reading).
+pub fn cut_off_fence() -> u64 {
+    let c = sluice::config::ClusterConfig::default();
+    let away = sluice::cluster::membership::away_after(c.gossip_interval, c.phi_threshold);
+    (away + away / 2 + c.gossip_interval * 2).as_millis() as u64
+}
+
+/// Two crashes this close (ms) — counting only time a majority was up —
+/// can take a key's owner and its replica holder before either
+/// re-replicated it: failure detection and a majority's burial (out of
+/// the rings in 1–1.6 s at the defaults) and a replication round.
+pub const WIPE_WINDOW: u64 = 2_000;
+
+/// How long (ms) a crashed node's new process holds no copy after it
+/// started: it joins once its view held still (1–5 s at the defaults),
+/// then takes its keys by the transfer and their replicas by
+/// re-replication. Longer than [`WIPE_WINDOW`]: a node back within the
+/// window holds nothing yet (seed 57 of `--mix zones`: a zone back 150
+/// ms before two others crashed still counted as holding its copies).
+pub const REJOIN: u64 = 6_000;
+
+/// How long (ms) a crashed node's new process takes to join and vote
+/// (1–5 s at the defaults: once its view held still).
+pub const JOIN: u64 = 5_000;
+
+/// How long (ns) a new process runs at least before it may hold a copy:
+/// once it reached its cluster, its view must hold still for three gossip
+/// rounds before it turns ready (`cluster/membership/join.rs`), and only
+/// then is it given keys.
+pub fn first_ready() -> u64 {
+    let c = sluice::config::ClusterConfig::default();
+    (c.gossip_interval * 3).as_nanos() as u64
+}
+
+/// A pause at least this long (ns) may make a node give up its keys: it
+/// rejoins once its gossip loop's last round is `away_after` old (400 ms
+/// at the defaults), and that round may have come up to one reading
+/// interval (`away_after / 8`) before the pause. Its peers, past failure
+/// detection, decide its keys from replicas meanwhile: to them the same
+/// as a crash, with the same lag lost.
+pub fn pause_death() -> u64 {
+    let c = sluice::config::ClusterConfig::default();
+    let away = sluice::cluster::membership::away_after(c.gossip_interval, c.phi_threshold);
+    let reading = (away / 8).clamp(
+        std::time::Duration::from_millis(5),
+        std::time::Duration::from_millis(100),
+    );
+    (away - reading).as_nanos() as u64 - 1_000_000
+}
+
+/// Something that can hold a node's replication up, over `[from, to]` ns.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Hold {
+    /// A node paused, asleep or down: every other node's replicas to it.
+    Node(usize),
+    /// gRPC cut between two nodes (either way): both of them.
+    Link(usize, usize),
+    /// A slow or lossy node: anyone (it may hold anyone's replicas).
+    Any,
+}
+
+/// The run's deaths and what held replication up, from the schedule's
+/// network faults and the processes' events.
+pub(crate) struct Faults {
+    /// (node, ns, since ns): crashes, and pauses long enough to give keys
+    /// up, at their start; a node cut off, at its fence, `since` its cut
+    /// (its peers may take its keys over before the fence: seed 29 of
+    /// `--mix zones`, a new owner answered 936 ms into the cut).
+    pub(crate) deaths: Vec<(usize, u64, u64)>,
+    pub(crate) holds: Vec<(u64, u64, Hold)>,
+    /// (node, down, back) ns: crashes, each until the node started again
+    /// (a crash that ended a pause: down from the pause — seed 1211 of
+    /// `--mix any`, an owner suspended, its holder killed 0.8 s in, the
+    /// owner killed 4.5 s later still suspended: both copies gone).
+    pub(crate) crashes: Vec<(usize, u64, u64)>,
+}
+
+impl Faults {
+    pub(crate) fn of(s: &Schedule, events: &[(u64, usize, Event)]) -> Faults {
+        let mut events = events.to_vec();
+        events.sort_by_key(|&(at, n, _)| (at, n));
+        let threshold = pause_death();
+        let mut deaths = Vec::new();
+        let mut holds = Vec::new();
+        let mut crashes = Vec::new();
+        let end = ms(s.end);
+        for (i, &(at, n, e)) in events.iter().enumerate() {
+            match e {
+                Event::Crashed => {
+                    // Crashed while paused: dead from the pause's start.
+                    let since = events[..i]
+                        .iter()
+                        .find_map(|&(t, m, e)| match e {
+                            Event::Paused { span } if m == n && t + span == at => Some(t),
+                            _ => None,
+                        })
+                        .unwrap_or(at);
+                    deaths.push((n, since, since));
+                    let back = events[i + 1..]
+                        .iter()
+                        .find(|&&(_, m, e)| m == n && e == Event::Started)
+                        .map_or(end, |&(t, _, _)| t);
+                    holds.push((at, back, Hold::Node(n)));
+                    crashes.push((n, since, back));
+                }
+                Event::Paused { span } => {
+                    if span >= threshold {
+                        deaths.push((n, at, at));
+                    }
+                    holds.push((at, at + span, Hold::Node(n)));
+                }
+                Event::Started | Event::Leaving | Event::Rejoined => {}
+            }
+        }
+        for f in &s.faults {
+            let (from, to) = (ms(f.at()), ms(f.end()));
+            match *f {
+                Fault::Cut {
+                    from: a,
+                    to: b,
+                    proto,
+                    ..
+                } if proto != Proto::Udp => holds.push((from, to, Hold::Link(a, b))),
+                Fault::Slow { .. } | Fault::Loss { .. } => holds.push((from, to, Hold::Any)),
+                _ => {}
+            }
+        }
+        // A node cut off (gRPC, one way or both) from half its peers or
+        // more at once keeps owning until it finds itself deaf: what it
+        // admitted as owner meanwhile is never replicated — the documented
+        // cut-off lag, lost like a crash's. A death at its fence (or the
+        // cut's end, if sooner), reaching back over the cut.
+        for n in 0..s.nodes {
+            let mut starts: Vec<u64> = s
+                .faults
+                .iter()
+                .filter_map(|f| match *f {
+                    Fault::Cut {
+                        from, proto, at, ..
+                    } if from == n && proto != Proto::Udp => Some(at),
+                    _ => None,
+                })
+                .collect();
+            starts.sort_unstable();
+            starts.dedup();
+            for at in starts {
+                let cut: Vec<&Fault> = s
+                    .faults
+                    .iter()
+                    .filter(|f| {
+                        matches!(**f, Fault::Cut { from, proto, at: t, .. }
+                            if from == n && proto != Proto::Udp && t == at)
+                    })
+                    .collect();
+                if cut.len() * 2 >= s.nodes - 1 {
+                    let end = cut.iter().map(|f| f.end()).min().unwrap_or(at);
+                    deaths.push((n, ms(at + cut_off_fence().min(end - at)), ms(at)));
+                }
+            }
+        }
+        deaths.sort_by_key(|&(n, at, _)| (at, n));
+        deaths.dedup();
+        Faults {
+            deaths,
+            holds,
+            crashes,
+        }
+    }
+
+    /// When key `k`'s count may have been wiped out with R = 1 (ns): its
+    /// owner and its replica holder both crashed, the second within
+    /// [`WIPE_WINDOW`] of the first, counting only time a majority was up
+    /// (back by then or not: a new process holds no copy until it
+    /// rejoined) — no copy of it survives. The cluster then decides it in doubt (never exactly) for
+    /// `in_doubt_grace`, and from its best copy after, counting the loss
+    /// (`sluice_keys_taken_from_best_copy_total`): the instants returned
+    /// are the earliest those graces can end (from the first crash: the
+    /// region opens at its suspicion). Holders are taken from the ring of
+    /// the nodes up at the first crash.
+    pub(crate) fn wipes(&self, s: &Schedule, k: usize) -> Vec<u64> {
+        let grace = sluice::config::ClusterConfig::default()
+            .in_doubt_grace
+            .as_nanos() as u64;
+        let key = sluice::store::key::encode("sim", &format!("k{k}"));
+        let mut out = Vec::new();
+        for &(a, ta, _) in &self.crashes {
+            for &(b, tb, _) in &self.crashes {
+                // Each pair once (a before b; by node at the same instant).
+                let first = ta < tb || (ta == tb && a < b);
+                // Back within the window or not, a's new process holds
+                // nothing yet ([`REJOIN`]). The window counts only time a
+                // majority was up: without one no node is buried, none
+                // takes the first one's keys over to re-replicate them
+                // (seed 67 of `--mix zones`: a zone lost while a third
+                // node was paused, the other holder crashed 2.6 s later).
+                if a == b || !first || self.majority_up(s, ta, tb) > ms(WIPE_WINDOW) {
+                    continue;
+                }
+                // The members that can hold a copy at the first crash: a
+                // node restarted counts only once it has rejoined — the
+                // two crashed aside, which may have held one (seed 1040
+                // of `--mix any`: an owner back 4.2 s after an earlier
+                // crash answered as owner, then crashed with its holder).
+                let up = (0..s.nodes).filter(|&n| {
+                    let started = s.late.iter().all(|&(m, at)| m != n || ms(at) <= ta);
+                    let down = self
+                        .crashes
+                        .iter()
+                        .any(|&(m, t, back)| m == n && t < ta && back + ms(REJOIN) > ta);
+                    started && (!down || n == a || n == b)
+                });
+                let ring = ring_of(s, up);
+                let holders = [ring.owner(&key), ring.successor(&key)];
+                let is = |m: Option<&Member>, n: usize| {
+                    m.is_some_and(|m| *m.node_id == *format!("n{n}"))
+                };
+                let both = (is(holders[0], a) && is(holders[1], b))
+                    || (is(holders[0], b) && is(holders[1], a));
+                if both {
+                    // The region opens at the first one's suspicion: its
+                    // grace ends no sooner than `ta + grace`.
+                    out.push(ta + grace);
+                }
+            }
+        }
+        out.extend(self.total_losses(s));
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// The instants (ns) every copy of every key was gone at once: each
+    /// node down, not started yet, or a new process that has not run
+    /// [`first_ready`] since it started (pauses not counted) — no process
+    /// that may hold a copy runs. The processes that start after are a
+    /// new cluster, indistinguishable from a first start, and count from
+    /// zero at once: no node saw the losses, so none holds a region of
+    /// doubt (seed 2088 of `--mix any`: n0 and n2 crashed 170 ms apart,
+    /// n0's new process was suspended 190 ms after it started, n1 crashed
+    /// during the suspension). Counts that outlive the whole fleet are
+    /// issue 43's snapshots.
+    pub(crate) fn total_losses(&self, s: &Schedule) -> Vec<u64> {
+        let ready = first_ready();
+        let holds_nothing = |n: usize, t: u64| {
+            if s.late.iter().any(|&(m, at)| m == n && ms(at) > t) {
+                return true;
+            }
+            // Its latest crash at or before `t`.
+            let Some(&(_, _, back)) = self
+                .crashes
+                .iter()
+                .filter(|&&(m, down, _)| m == n && down <= t)
+                .max_by_key(|&&(_, down, _)| down)
+            else {
+                return false;
+            };
+            if back > t {
+                return true;
+            }
+            let paused: u64 = self
+                .holds
+                .iter()
+                .filter(|&&(f, u, h)| matches!(h, Hold::Node(m) if m == n) && u > back && f < t)
+                .map(|&(f, u, _)| u.min(t) - f.max(back))
+                .sum();
+            (t - back).saturating_sub(paused) < ready
+        };
+        let mut out: Vec<u64> = self
+            .crashes
+            .iter()
+            .map(|&(_, down, _)| down)
+            .filter(|&t| (0..s.nodes).all(|n| holds_nothing(n, t)))
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// How long (ns) within `[from, to]` a majority of the nodes was up:
+    /// started, not paused, and not down — a crashed node counts again
+    /// [`JOIN`] after it started (it votes once it has joined).
+    pub(crate) fn majority_up(&self, s: &Schedule, from: u64, to: u64) -> u64 {
+        const STEP: u64 = 10_000_000;
+        let up = |n: usize, t: u64| {
+            let started = s.late.iter().all(|&(m, at)| m != n || ms(at) <= t);
+            let crashed = self
+                .crashes
+                .iter()
+                .any(|&(m, down, back)| m == n && down <= t && t < back + ms(JOIN));
+            let held = self
+                .holds
+                .iter()
+                .any(|&(f, u, h)| matches!(h, Hold::Node(m) if m == n) && f <= t && t < u);
+            started && !crashed && !held
+        };
+        (from..to)
+            .step_by(STEP as usize)
+            .filter(|&t| (0..s.nodes).filter(|&n| up(n, t)).count() * 2 > s.nodes)
+            .count() as u64
+            * STEP
+    }
+
+    /// From when a death of `node` at `at` may lose admissions (ns): `LAG`
+    /// before it, and `LAG` before any hold of its replication that
+    /// overlaps that window, back over overlapping holds.
+    pub(crate) fn lag_start(&self, node: usize, at: u64) -> u64 {
+        let holds_up = |h: Hold| match h {
+            Hold::Node(n) => n != node,
+            Hold::Link(a, b) => a == node || b == node,
+            Hold::Any => true,
+        };
+        let mut from = at.saturating_sub(ms(LAG));
+        loop {
+            let earlier = self
+                .holds
+                .iter()
+                .filter(|&&(f, t, h)| holds_up(h) && f < at && t + ms(LAG) >= from)
+                .map(|&(f, _, _)| f.saturating_sub(ms(LAG)))
+                .min()
+                .unwrap_or(from)
+                .min(from);
+            if earlier == from {
+                return from;
+            }
+            from = earlier;
+        }
+    }
+}
