@@ -114,8 +114,8 @@ def stop(p):
     p.wait()
 
 
-def ready(url):
-    end = time.time() + DEADLINE
+def ready(url, deadline=DEADLINE):
+    end = time.time() + deadline
     while time.time() < end:
         try:
             with urllib.request.urlopen(url, timeout=1) as r:
@@ -124,7 +124,7 @@ def ready(url):
         except OSError:
             pass
         time.sleep(0.2)
-    fail(f"{url} not ready within {DEADLINE} s")
+    fail(f"{url} not ready within {deadline} s")
 
 
 def first_screen():
@@ -134,7 +134,8 @@ def first_screen():
     (_, curl_block), = blocks("docs/src/envoy.md", "console")[:1]
     node = background(serve)
     try:
-        ready("http://127.0.0.1:8080/readyz")
+        # `cargo run` may compile first (CI builds beforehand).
+        ready("http://127.0.0.1:8080/readyz", deadline=900)
         cmd = console[0].removeprefix("$ ")
         in_order(console[1:], run(cmd, "README check").split("\n"), f"README `{cmd}`")
         print(f"ok: README `{serve}`, then `{cmd}`")
