@@ -146,6 +146,22 @@ impl Incoming {
             .collect()
     }
 
+    /// Whether this transfer asks (or asked) `id` at `generation`.
+    pub fn asks(&self, id: &str, generation: u64) -> bool {
+        self.lock()
+            .get(id)
+            .is_some_and(|p| p.generation == generation)
+    }
+
+    /// The members that have not said `done` yet, by id and generation.
+    pub fn unfinished(&self) -> Vec<(Arc<str>, u64)> {
+        self.lock()
+            .iter()
+            .filter(|(_, p)| p.standing != Standing::Done)
+            .map(|(id, p)| (id.clone(), p.generation))
+            .collect()
+    }
+
     pub fn progress(&self) -> Vec<(Arc<str>, Progress)> {
         self.lock()
             .iter()
