@@ -13,6 +13,7 @@
 #[cfg(test)]
 mod budget_tests;
 pub mod doubts;
+mod generations;
 mod gossip;
 mod hearing;
 mod join;

@@ -37,6 +37,7 @@ use chitchat::{ChitchatId, NodeState};
 
 use super::Lifecycle;
 use super::doubts::PublishedDoubt;
+use super::generations::{Generation, cluster_size, newest_generations, one_per_node};
 use crate::cluster::ring::{Member, Ring};
 use crate::proto::PEER_PROTOCOL_VERSION;
 
@@ -255,32 +256,16 @@ impl Reading {
         // One entry per node id: the newest generation (a restart is not
         // two nodes). Ready members this node suspects stay until buried.
         let live: BTreeSet<&ChitchatId> = chitchat.live_nodes().collect();
-        let mut members: BTreeMap<Arc<str>, MemberInfo> = BTreeMap::new();
-        let known = chitchat.live_nodes().chain(chitchat.dead_nodes());
-        for id in known.filter(|id| !buried(id)) {
-            let Some(mut m) = chitchat
+        let known: Vec<&ChitchatId> = chitchat.live_nodes().chain(chitchat.dead_nodes()).collect();
+        let newest = newest_generations(known.iter().map(|id| (&id.node_id, id.generation_id)));
+        let heard = known.iter().filter(|id| !buried(id)).filter_map(|id| {
+            let mut m = chitchat
                 .node_state(id)
-                .and_then(|s| MemberInfo::parse(id, s))
-            else {
-                continue;
-            };
-            if m.state == Lifecycle::Left {
-                // Gone after leaving, though its heartbeat may linger.
-                continue;
-            }
+                .and_then(|s| MemberInfo::parse(id, s))?;
             m.suspected = !live.contains(id);
-            if m.suspected && m.state != Lifecycle::Ready {
-                // Joining, it owned nothing; leaving, it handed off (and
-                // no tombstone would ever end its wait).
-                continue;
-            }
-            match members.get(&m.node_id) {
-                Some(old) if old.generation >= m.generation => {}
-                _ => {
-                    members.insert(m.node_id.clone(), m);
-                }
-            }
-        }
+            Some(m)
+        });
+        let members = one_per_node(heard, &newest);
         let generations = chitchat
             .live_nodes()
             .chain(chitchat.dead_nodes())
@@ -499,45 +484,6 @@ fn newest(mut list: Vec<Tombstone>) -> BTreeSet<Tombstone> {
     list.into_iter().take(MAX_TOMBSTONES).collect()
 }
 
-/// One generation of a node, as gossip knows it (live or dead).
-pub(super) struct Generation {
-    pub node_id: Arc<str>,
-    pub generation: u64,
-    /// Its lifecycle as last published (None: not yet published).
-    pub state: Option<Lifecycle>,
-    /// Live to this node's failure detector, and not buried.
-    pub alive: bool,
-}
-
-/// `N`: the nodes a limit is shared among, one per node id, judged by its
-/// newest generation. One that left or is leaving is not counted; one
-/// that is ready is; one that died without leaving is (remembered for the
-/// dead grace: a partitioned node must not conclude it is alone); one
-/// that is joining is counted only if it is rejoining — an older
-/// generation of it did not leave — since it was counted a moment ago and
-/// will be again once ready (shares sized by N − 1 meanwhile would
-/// over-admit by one node's share). A brand-new node is counted once ready.
-pub(super) fn cluster_size(generations: impl Iterator<Item = Generation>) -> usize {
-    let mut by_id: BTreeMap<Arc<str>, Vec<Generation>> = BTreeMap::new();
-    for g in generations {
-        by_id.entry(g.node_id.clone()).or_default().push(g);
-    }
-    let departed = |g: &Generation| matches!(g.state, Some(Lifecycle::Leaving | Lifecycle::Left));
-    let counted = by_id.into_values().filter(|gens| {
-        let mut gens: Vec<&Generation> = gens.iter().collect();
-        gens.sort_by_key(|g| g.generation);
-        let (newest, older) = gens.split_last().expect("grouped from one at least");
-        if departed(newest) {
-            false
-        } else if !newest.alive || newest.state == Some(Lifecycle::Ready) {
-            true
-        } else {
-            older.iter().any(|g| !departed(g))
-        }
-    });
-    counted.count().max(1)
-}
-
 /// Tombstones as gossiped: a JSON list of `[node_id, generation]` (node
 /// ids are configuration strings: any separator could occur in one).
 pub(super) fn encode_tombstones(dead: &BTreeSet<Tombstone>) -> String {
@@ -655,68 +601,6 @@ mod tests {
         assert!(!view.self_suspected(), "of 6, burial takes 4 voices");
         view.suspected_by = 3;
         assert!(view.self_suspected());
-    }
-
-    fn generation(id: &str, generation: u64, state: Lifecycle, alive: bool) -> Generation {
-        Generation {
-            node_id: Arc::from(id),
-            generation,
-            state: Some(state),
-            alive,
-        }
-    }
-
-    /// `N` per node id, by its newest generation: a node rejoining is
-    /// counted while it joins (issue 39 item 6: shares were sized by N − 1
-    /// for 1–5 s), a node that left after it had once been killed and
-    /// rejoined is not (the soak's 5, not 4), a brand-new node is counted
-    /// once ready, and one that died without leaving stays counted.
-    #[test]
-    fn n_counts_each_node_by_its_newest_generation() {
-        use Lifecycle::{Joining, Leaving, Left, Ready};
-        let n = |gens: Vec<Generation>| cluster_size(gens.into_iter());
-        let a = || generation("a", 1, Ready, true);
-        // Rejoining: old generation dead (or not yet seen dead), new joining.
-        assert_eq!(
-            n(vec![
-                a(),
-                generation("b", 1, Ready, false),
-                generation("b", 2, Joining, true)
-            ]),
-            2
-        );
-        assert_eq!(
-            n(vec![
-                a(),
-                generation("b", 1, Ready, true),
-                generation("b", 2, Joining, true)
-            ]),
-            2
-        );
-        // Brand new: not until ready.
-        assert_eq!(n(vec![a(), generation("c", 5, Joining, true)]), 1);
-        assert_eq!(n(vec![a(), generation("c", 5, Ready, true)]), 2);
-        // Killed, rejoined, then left: gone from N.
-        for last in [Leaving, Left] {
-            let gens = vec![
-                a(),
-                generation("b", 1, Ready, false),
-                generation("b", 2, last, true),
-            ];
-            assert_eq!(n(gens), 1, "{last:?}");
-        }
-        // Died without leaving: still counted (its tombstone's grace).
-        assert_eq!(n(vec![a(), generation("b", 1, Ready, false)]), 2);
-        // Rejoining after a clean leave: a new node, counted once ready.
-        assert_eq!(
-            n(vec![
-                a(),
-                generation("b", 1, Left, false),
-                generation("b", 2, Joining, true)
-            ]),
-            1
-        );
-        assert_eq!(n(vec![]), 1, "never below one");
     }
 
     #[test]
