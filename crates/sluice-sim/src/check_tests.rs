@@ -297,6 +297,16 @@ fn a_wipe_is_an_owner_and_its_replica_holder_crashed_together() {
     // At the same instant: one pair, counted once.
     let same = Faults::of(&s, &crashes(&[(1, 10_000, 12_000), (0, 10_000, 12_000)]));
     assert_eq!(same.wipes(&s, both), vec![ms(10_000) + grace]);
+    // n1 paused past failure detection when n0 and n2 crash: out of the
+    // ring by then, like a node down — the key's holders are n0 and n2
+    // (seed 2188 of `--mix any`); paused only just, it is still in it.
+    let paused = |since: u64| {
+        let mut events = crashes(&[(2, 9_000, 12_000), (0, 9_200, 12_000)]);
+        events.push((ms(since), 1, Event::Paused { span: ms(6_000) }));
+        Faults::of(&s, &events)
+    };
+    assert_eq!(paused(7_000).wipes(&s, both), vec![ms(9_000) + grace]);
+    assert_eq!(paused(8_990).wipes(&s, both), Vec::<u64>::new());
 }
 
 /// Every node down at once, or a new process too young to hold a copy:
