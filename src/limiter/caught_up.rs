@@ -165,15 +165,10 @@ impl CatchUp {
     }
 
     /// Whether `owner` said this node holds every replica of its keys
-    /// that the ring `epoch` gives it.
-    pub(super) fn confirmed(&self, owner: &str, epoch: u64) -> bool {
-        self.confirmed_since(owner, epoch, 0)
-    }
-
-    /// [`Self::confirmed`], by a word that came once this node's view
-    /// number was `view` or later: about the stretch of that ring since
-    /// this node adopted it in view `view` (a word that came before, while
-    /// this node was behind, is not counted — the safe side).
+    /// that the ring `epoch` gives it, by a word that came once this
+    /// node's view number was `view` or later: about the stretch of that
+    /// ring since this node adopted it in view `view` (a word that came
+    /// before, while this node was behind, is not counted — the safe side).
     pub(super) fn confirmed_since(&self, owner: &str, epoch: u64, view: u64) -> bool {
         self.heard()
             .get(owner)
@@ -368,9 +363,10 @@ mod tests {
     }
 
     /// `j` joined between `a` and `b` and the ring named it `k`'s replica
-    /// holder; then `a` and `b` were lost together. Whether `k` is in doubt
-    /// at `j`, with `a`'s word that `j` holds its replicas or not.
-    fn joiner_after_owner_and_holder_before_lost(told: bool) -> bool {
+    /// holder (adopted at `j` in view 10); then `a` and `b` were lost
+    /// together. Whether `k` is in doubt at `j`, with `a`'s word that `j`
+    /// holds its replicas, come in the view given, or none.
+    fn joiner_after_owner_and_holder_before_lost(word_in: Option<u64>) -> bool {
         const S: Nanos = 1_000_000_000;
         let with_j = Arc::new(ring(&[("a", 1), ("b", 1), ("c", 1), ("j", 1)]));
         let without_j = ring(&[("a", 1), ("b", 1), ("c", 1)]);
@@ -388,12 +384,15 @@ mod tests {
             born: 1,
             held: &|_| true,
             previous: &with_j,
+            view: 10,
             live: &live(&["c"]),
         };
         d.changed(&change, S);
         let me = Me {
             id: "j",
-            confirmed: &|owner, epoch| told && owner == "a" && epoch == with_j.epoch(),
+            confirmed: &|owner, epoch, since| {
+                word_in.is_some_and(|v| v >= since) && owner == "a" && epoch == with_j.epoch()
+            },
         };
         d.in_doubt(&k, 2 * S, &mut Ended::default(), &me)
     }
@@ -401,10 +400,14 @@ mod tests {
     #[test]
     fn a_holder_its_owner_never_told_is_no_holder_of_record() {
         assert!(
-            joiner_after_owner_and_holder_before_lost(false),
+            joiner_after_owner_and_holder_before_lost(None),
             "j never held k: a and b, who did, are gone"
         );
-        assert!(!joiner_after_owner_and_holder_before_lost(true));
+        assert!(!joiner_after_owner_and_holder_before_lost(Some(12)));
+        // A word about the same ring (the same members make the same
+        // epoch again) from an earlier stretch of it, before j adopted it
+        // this time: it says nothing of this stretch.
+        assert!(joiner_after_owner_and_holder_before_lost(Some(5)));
     }
 
     #[test]
@@ -418,16 +421,17 @@ mod tests {
             born: 1,
             held: &|_| true,
             previous: &two,
+            view: 0,
             live: &[],
         };
         d.changed(&change, S);
         let untold = Me {
             id: "j",
-            confirmed: &|_, _| false,
+            confirmed: &|_, _, _| false,
         };
         let told = Me {
             id: "j",
-            confirmed: &|_, _| true,
+            confirmed: &|_, _, _| true,
         };
         assert!(d.in_doubt(&k, 2 * S, &mut Ended::default(), &untold));
         assert!(!d.in_doubt(&k, 2 * S, &mut Ended::default(), &told));
@@ -450,13 +454,14 @@ mod tests {
                     born: 1,
                     held: &|_| true,
                     previous: &two,
+                    view: 0,
                     live: &[],
                 },
                 S,
             );
             let j_me = Me {
                 id: "j",
-                confirmed: &|_, _| confirmed,
+                confirmed: &|_, _, _| confirmed,
             };
             let word = j.published(S, &j_me);
             let n = Doubts::new(10 * S);
@@ -480,7 +485,7 @@ mod tests {
             n.adopt(&word, &now_ring, &live, &me_n, S);
             let n_me = Me {
                 id: "n",
-                confirmed: &|_, _| false,
+                confirmed: &|_, _, _| false,
             };
             (word, n.in_doubt(&k, 2 * S, &mut Ended::default(), &n_me))
         };
@@ -499,10 +504,10 @@ mod tests {
     fn a_holder_is_confirmed_for_the_last_rings_named_only() {
         let c = CatchUp::default();
         c.heard().insert(Arc::from("o"), vec![(5, 2), (7, 4)]);
-        assert!(c.confirmed("o", 5));
-        assert!(c.confirmed("o", 7));
-        assert!(!c.confirmed("o", 3), "another ring");
-        assert!(!c.confirmed("p", 5), "never told");
+        assert!(c.confirmed_since("o", 5, 0));
+        assert!(c.confirmed_since("o", 7, 0));
+        assert!(!c.confirmed_since("o", 3, 0), "another ring");
+        assert!(!c.confirmed_since("p", 5, 0), "never told");
         // Since a view: the word for ring 5 came in view 2, so it says
         // nothing of that ring adopted again in view 6.
         assert!(c.confirmed_since("o", 5, 2));

@@ -80,8 +80,11 @@ pub struct Me<'a> {
     pub id: &'a str,
     /// Whether the owner named said this node holds every replica of its
     /// keys that the ring of the epoch given makes it the holder of
-    /// (`caught_up.rs`): only then is it their holder of record there.
-    pub confirmed: &'a dyn Fn(&str, u64) -> bool,
+    /// (`caught_up.rs`), in a word that came once this node's view number
+    /// was the one given or later: only then is it their holder of record
+    /// there. (The same members make the same epoch again: a word from an
+    /// earlier stretch of that ring is not about this one.)
+    pub confirmed: &'a dyn Fn(&str, u64, u64) -> bool,
 }
 
 /// A change of view as [`Doubts::changed`] reads it.
@@ -99,6 +102,9 @@ pub struct Change<'a> {
     pub held: &'a dyn Fn(&str) -> bool,
     /// The ring this node decided under before (empty right after start).
     pub previous: &'a Arc<Ring>,
+    /// This node's view number when it adopted `previous` (the owners'
+    /// words about that ring count from it).
+    pub view: u64,
     /// Members that can hold counts now, this node aside.
     pub live: &'a [Heard],
 }
@@ -234,7 +240,7 @@ impl Doubts {
         let mut regions = self.regions();
         for r in regions.iter_mut() {
             r.gone.retain(|(id, generation)| !is_live(id, *generation));
-            r.lose(&gone, Some(c.previous.as_ref()), now);
+            r.lose(&gone, Some(c.previous.as_ref()), c.view, now);
             // A holder back leaves one member gone: no key is in doubt
             // under it now, and none decided in doubt was taken from a
             // best copy (it comes with the transfer).
@@ -256,7 +262,13 @@ impl Doubts {
         sorted.sort();
         let ended_before = Self::was_done(&self.done(), &sorted);
         if !gone.is_empty() && !known && !ended_before {
-            regions.push(Region::new(c.previous.clone(), gone, now, self.grace));
+            regions.push(Region::new(
+                c.previous.clone(),
+                gone,
+                c.view,
+                now,
+                self.grace,
+            ));
         }
         while regions.len() > MAX_REGIONS {
             let r = regions.remove(0);
@@ -267,6 +279,19 @@ impl Doubts {
             .store(regions.iter().any(Region::can_cover), Ordering::Release);
         drop(regions);
         ended
+    }
+
+    /// `id`'s process (its generations `process`) lost again before it
+    /// handed this node what it held (a leaver buried before it said
+    /// `done`): gone again in every region that lost it before and read it
+    /// as back since.
+    pub fn lost_again(&self, id: &str, process: std::ops::RangeInclusive<u64>, now: Nanos) {
+        let mut regions = self.regions();
+        for r in regions.iter_mut() {
+            r.lost_again(id, &process, now);
+        }
+        self.any
+            .store(regions.iter().any(Region::can_cover), Ordering::Release);
     }
 
     /// Forget every region (this node rejoined as a new member: see

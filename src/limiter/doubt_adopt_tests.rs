@@ -310,7 +310,7 @@ fn a_loss_this_process_saw_holding_current_copies_is_not_read_over_its_old_proce
     let b = heard("b", 3, 3);
     let me_b = Me {
         id: "b",
-        confirmed: &|_, _| true,
+        confirmed: &|_, _, _| true,
     };
     let changed = |d: &Doubts, previous: &Arc<Ring>, live: &[Heard], held: bool| {
         d.changed(
@@ -319,6 +319,7 @@ fn a_loss_this_process_saw_holding_current_copies_is_not_read_over_its_old_proce
                 born: 3,
                 held: &|_| held,
                 previous,
+                view: 0,
                 live,
             },
             30 * S,
@@ -404,6 +405,7 @@ fn of_two_losses_after_the_rejoin_only_the_one_held_is_seen() {
             born: 3,
             held: &|id| id == "a",
             previous: &with_new_b,
+            view: 0,
             live: &live(&["c"]),
         },
         30 * S,
@@ -415,7 +417,7 @@ fn of_two_losses_after_the_rejoin_only_the_one_held_is_seen() {
     );
     let me_b = Me {
         id: "b",
-        confirmed: &|_, _| true,
+        confirmed: &|_, _, _| true,
     };
     let in_doubt = |k: &[u8]| d.in_doubt(k, 32 * S, &mut Ended::default(), &me_b);
     assert!(

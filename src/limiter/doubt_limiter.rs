@@ -16,7 +16,7 @@ impl crate::limiter::Limiter {
         let catch_up = &self.shared.catch_up;
         let me = Me {
             id: &self.shared.node_id,
-            confirmed: &|owner, epoch| catch_up.confirmed(owner, epoch),
+            confirmed: &|owner, epoch, since| catch_up.confirmed_since(owner, epoch, since),
         };
         let doubt = doubts.in_doubt(k, self.now(), &mut ended, &me);
         self.doubts_ended(ended);
@@ -96,7 +96,7 @@ impl crate::limiter::Limiter {
         let catch_up = &self.shared.catch_up;
         let me = Me {
             id: &self.shared.node_id,
-            confirmed: &|owner, epoch| catch_up.confirmed(owner, epoch),
+            confirmed: &|owner, epoch, since| catch_up.confirmed_since(owner, epoch, since),
         };
         self.shared.doubts.published(self.now(), &me)
     }

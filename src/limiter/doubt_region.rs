@@ -43,8 +43,13 @@ pub(super) struct Region {
     step_of: Vec<Option<u16>>,
     lost_at: Vec<Nanos>,
     /// Per step (a loss of members of `previous` not lost before): how
-    /// many members of `previous` the ring before it still had.
-    steps: Vec<usize>,
+    /// many members of `previous` the ring before it still had, and this
+    /// node's view number when it adopted that ring (an owner's word that
+    /// this node caught up with it counts from then: the same members make
+    /// the same epoch again, and a word from an earlier stretch of it says
+    /// nothing of this one). Adopted regions' steps: 0 (their rings are
+    /// rebuilt, their epochs never named in a word).
+    steps: Vec<(usize, u64)>,
     /// When the grace of the latest loss ends: the region ends.
     pub(super) until: Nanos,
     grace: Nanos,
@@ -69,6 +74,7 @@ impl Region {
     pub(super) fn new(
         previous: Arc<Ring>,
         gone: Vec<(Arc<str>, u64)>,
+        view: u64,
         now: Nanos,
         grace: Nanos,
     ) -> Region {
@@ -87,7 +93,7 @@ impl Region {
             untold: Vec::new(),
             opened_here: true,
         };
-        r.lose(&gone, None, now);
+        r.lose(&gone, None, view, now);
         r
     }
 
@@ -106,10 +112,10 @@ impl Region {
         grace: Nanos,
     ) -> Region {
         let at = until.saturating_sub(grace);
-        let mut r = Region::new(previous, Vec::new(), at, grace);
+        let mut r = Region::new(previous, Vec::new(), 0, at, grace);
         r.opened_here = false;
         for l in lost {
-            r.lose(std::slice::from_ref(l), None, at);
+            r.lose(std::slice::from_ref(l), None, 0, at);
         }
         r.gone = gone;
         r.until = until;
@@ -123,7 +129,13 @@ impl Region {
     /// back and lost again too); a member that joined after `previous` was
     /// in none of its rings, and changes none (its zone, read in `from`,
     /// the ring it was lost from, is kept for what the region publishes).
-    pub(super) fn lose(&mut self, gone: &[(Arc<str>, u64)], from: Option<&Ring>, now: Nanos) {
+    pub(super) fn lose(
+        &mut self,
+        gone: &[(Arc<str>, u64)],
+        from: Option<&Ring>,
+        view: u64,
+        now: Nanos,
+    ) {
         let mut step: Option<u16> = None;
         for g in gone {
             let newly = !self.gone.iter().any(|(id, _)| *id == g.0);
@@ -150,11 +162,32 @@ impl Region {
             }
             let s = *step.get_or_insert_with(|| {
                 let left = self.step_of.iter().filter(|s| s.is_none()).count();
-                self.steps.push(left);
+                self.steps.push((left, view));
                 (self.steps.len() - 1) as u16
             });
             self.step_of[i] = Some(s);
             self.lost.push(g.clone());
+        }
+    }
+
+    /// `id`, lost here before and back since as the same process (its
+    /// generations `process`), is lost again at `now`: gone once more, its
+    /// keys' doubt running the grace from now (no new step: the rings it
+    /// went through are the ones read already).
+    pub(super) fn lost_again(
+        &mut self,
+        id: &str,
+        process: &std::ops::RangeInclusive<u64>,
+        now: Nanos,
+    ) {
+        let Some(i) = self.index(id) else {
+            return;
+        };
+        let m = &self.previous.members()[i];
+        let back = self.step_of[i].is_some() && !self.gone.iter().any(|(g, _)| **g == *id);
+        if back && process.contains(&m.generation) {
+            let g = (m.node_id.clone(), m.generation);
+            self.lose(&[g], None, 0, now);
         }
     }
 
@@ -180,7 +213,8 @@ impl Region {
         (0..self.steps.len()).any(|s| {
             // The ring before step `s`: without the members lost before it.
             let skipped = |i: usize| self.step_of[i].is_some_and(|t| usize::from(t) < s);
-            let (owner, holder) = match self.steps[s] {
+            let (left, since) = self.steps[s];
+            let (owner, holder) = match left {
                 0 => return false,
                 // One member left: it owns every key, and has no successor
                 // (no walk over the whole ring for it).
@@ -209,7 +243,7 @@ impl Region {
                 }
                 if me_at == Some(h) {
                     return !said_by_its_protocol(&members[owner])
-                        && !(me.confirmed)(o_id, ring_epoch());
+                        && !(me.confirmed)(o_id, ring_epoch(), since);
                 }
                 self.untold.iter().any(|(uh, uo)| uh == h_id && uo == o_id)
             };
@@ -293,7 +327,8 @@ impl Region {
                 }
                 // Of the first ring only, as `covers` reads untold holders
                 // (in a later ring the copy stayed with the holder before).
-                let untold = !(me.confirmed)(id, self.previous.epoch());
+                let since = self.steps.first().map_or(0, |&(_, v)| v);
+                let untold = !(me.confirmed)(id, self.previous.epoch(), since);
                 let pair = (Arc::from(me.id), id.clone());
                 if untold && !out.contains(&pair) {
                     out.push(pair);

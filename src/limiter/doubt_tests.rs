@@ -70,7 +70,7 @@ pub(super) fn word_of(gone: &[(&str, u64)], secs: u64) -> Vec<PublishedDoubt> {
 pub(super) fn anyone() -> Me<'static> {
     Me {
         id: "",
-        confirmed: &|_, _| true,
+        confirmed: &|_, _, _| true,
     }
 }
 
@@ -88,6 +88,7 @@ pub(super) fn change(
             born: 1,
             held: &|_| true,
             previous,
+            view: 0,
             live,
         },
         at,
@@ -213,6 +214,37 @@ fn a_process_back_under_a_newer_generation_resolves_it() {
     assert_eq!(d.figures(), (0, 0), "nothing in doubt, nothing counted");
     assert!(!d.in_doubt(&k, 12 * S, &mut ended, &anyone()));
     assert_eq!(ended, Ended { taken: 0 }, "nothing taken from a best copy");
+}
+
+/// The process back lost again before it handed this node its copies (a
+/// holder told to leave while it rejoined, killed mid-leave:
+/// `leavers.rs`): its keys are in doubt again, the grace from the new
+/// loss. Another process of it is not the one the region lost.
+#[test]
+fn a_process_back_and_lost_again_puts_its_keys_in_doubt_again() {
+    let d = Doubts::new(10 * S);
+    let before = ring(&["a", "b", "c"]);
+    let k = key_of(&before, "a", "b");
+    change(&d, "c", &before, &live(&[]), S);
+    let back = vec![heard("a", 2, 2), heard("b", 1, 3)];
+    change(&d, "c", &ring(&["c"]), &back, 3 * S);
+    let mut ended = Ended::default();
+    assert!(
+        !d.in_doubt(&k, 4 * S, &mut ended, &anyone()),
+        "b's copy is back"
+    );
+    d.lost_again("b", 2..=3, 5 * S);
+    assert!(
+        !d.in_doubt(&k, 6 * S, &mut ended, &anyone()),
+        "another process of b"
+    );
+    d.lost_again("b", 1..=3, 5 * S);
+    assert!(d.in_doubt(&k, 6 * S, &mut ended, &anyone()));
+    assert!(
+        d.in_doubt(&k, 14 * S, &mut ended, &anyone()),
+        "from the new loss"
+    );
+    assert!(!d.in_doubt(&k, 16 * S, &mut ended, &anyone()));
 }
 
 /// Simulator seed 89, the keys' side: a (k's owner) went on deciding k

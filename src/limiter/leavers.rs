@@ -24,57 +24,76 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::doubt::{Change, Heard};
+use super::transfer::Standing;
 use super::{Limiter, Topology};
 use crate::cluster::membership::{ClusterView, Lifecycle};
 use crate::cluster::ring::{Member, Ring};
 
-/// Leavers remembered at most (oldest forgotten first): each is a member
-/// that announced `leaving` and has not been buried yet.
+/// Leavers remembered at most (oldest forgotten first).
 const MAX_LEAVERS: usize = 64;
 
-/// The rings members left, by id and generation.
+/// A member seen turning `leaving`.
+#[derive(Debug)]
+struct Left {
+    id: Arc<str>,
+    generation: u64,
+    /// The generation its process started as (a rejoin is a newer one).
+    born: u64,
+    /// The ring it left here and this node's view number when it adopted
+    /// that ring; `None`: it was in no ring of this node as this
+    /// generation (it turned `leaving` from joining).
+    ring: Option<(Arc<Ring>, u64)>,
+    /// The first view of this node that knew it leaving: a `done` to a
+    /// transfer of that view or later is its handoff.
+    from_view: u64,
+    /// It said `done` to a transfer of this node during its leave.
+    done: bool,
+}
+
+/// The members seen leaving, by id and generation.
 #[derive(Debug, Default)]
 pub(super) struct Leavers {
     /// A std Mutex: held for a scan of at most [`MAX_LEAVERS`], never
     /// across an await.
-    rings: Mutex<Vec<(Arc<str>, u64, Arc<Ring>)>>,
+    notes: Mutex<Vec<Left>>,
 }
 
 impl Leavers {
-    fn lock(&self) -> MutexGuard<'_, Vec<(Arc<str>, u64, Arc<Ring>)>> {
-        self.rings.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Vec<Left>> {
+        self.notes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// `id` at `generation` announced `leaving`; `ring` is the last ring
-    /// it was a member of here.
-    fn note(&self, id: &Arc<str>, generation: u64, ring: &Arc<Ring>) {
-        let mut rings = self.lock();
-        if rings.iter().any(|(i, g, _)| i == id && *g == generation) {
+    /// Note a member seen `leaving` (once per id and generation).
+    fn note(&self, left: Left) {
+        let mut notes = self.lock();
+        if notes
+            .iter()
+            .any(|l| l.id == left.id && l.generation == left.generation)
+        {
             return;
         }
-        if rings.len() >= MAX_LEAVERS {
-            rings.remove(0);
+        if notes.len() >= MAX_LEAVERS {
+            notes.remove(0);
         }
-        rings.push((id.clone(), generation, ring.clone()));
+        notes.push(left);
     }
 
-    /// The ring `id` at `generation` left, forgotten here.
-    fn take(&self, id: &str, generation: u64) -> Option<Arc<Ring>> {
-        let mut rings = self.lock();
-        let at = rings
+    /// `id` at `generation` said `done` to a transfer of view `view`.
+    fn said_done(&self, id: &str, generation: u64, view: u64) {
+        for l in self.lock().iter_mut() {
+            if &*l.id == id && l.generation == generation && view >= l.from_view {
+                l.done = true;
+            }
+        }
+    }
+
+    /// The noted leaver `id` at `generation` that never said `done`: its
+    /// process's first generation and the ring it left.
+    fn lost(&self, id: &str, generation: u64) -> Option<(u64, Option<(Arc<Ring>, u64)>)> {
+        self.lock()
             .iter()
-            .position(|(i, g, _)| &**i == id && *g == generation)?;
-        Some(rings.remove(at).2)
-    }
-
-    /// Forget leavers no longer in the view (buried, or gone after
-    /// saying `done`).
-    fn retain(&self, view: &ClusterView) {
-        self.lock().retain(|(id, g, _)| {
-            view.members
-                .iter()
-                .any(|m| m.node_id == *id && m.generation == *g)
-        });
+            .find(|l| &*l.id == id && l.generation == generation && !l.done)
+            .map(|l| (l.born, l.ring.clone()))
     }
 
     fn clear(&self) {
@@ -83,15 +102,18 @@ impl Leavers {
 }
 
 impl Limiter {
-    /// On every view, after the ring's own losses were read: leavers this
-    /// node's transfer still waited for (`unfinished`, read before this
-    /// view pruned it) that are no longer among `holders` are lost from
-    /// the ring they left; members newly `leaving` have that ring noted.
-    /// `live`: the members that can hold counts now.
+    /// On every view, before the transfer stops waiting for members gone
+    /// (`Incoming::prune`): leavers the transfer still waited for
+    /// (`unfinished`) that are no longer among `holders` and never said
+    /// `done` during their leave are lost (see the module's doc); members
+    /// newly `leaving` are noted. `number` is this view's number; `live`,
+    /// the members that can hold counts now.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn leavers_lost(
         &self,
         old: &Topology,
         view: &ClusterView,
+        number: u64,
         unfinished: &[(Arc<str>, u64)],
         holders: &[Member],
         live: &[Heard],
@@ -103,46 +125,59 @@ impl Limiter {
             leavers.clear();
             return;
         }
+        for (id, p) in old.incoming.progress() {
+            if p.standing == Standing::Done {
+                leavers.said_done(&id, p.generation, old.incoming.view);
+            }
+        }
         let me = self.shared.node_id.clone();
-        let is = |m: &Member, id: &str, g: u64| &*m.node_id == id && m.generation == g;
+        let now = self.now();
         for (id, generation) in unfinished {
-            let still = holders.iter().any(|m| is(m, id, *generation));
-            // A member of the ring before is read as that ring's loss.
-            let in_ring = old
-                .ring
-                .member(id)
-                .is_some_and(|m| m.generation == *generation);
-            if still || in_ring {
+            let still = holders
+                .iter()
+                .any(|m| m.node_id == *id && m.generation == *generation);
+            if still {
                 continue;
             }
-            let Some(ring) = leavers.take(id, *generation) else {
+            let Some((born, ring)) = leavers.lost(id, *generation) else {
                 continue;
             };
             tracing::warn!(
                 member = %id,
                 "a leaving member was lost before it handed this node its keys: a crash, for the regions of doubt"
             );
-            let change = Change {
-                me: &me,
-                born: self.shared.born,
-                // Not seen held: it never handed this node what it held.
-                held: &|_| false,
-                previous: &ring,
-                live,
-            };
-            let ended = self.shared.doubts.changed(&change, self.now());
-            self.doubts_ended(ended);
+            self.shared.doubts.lost_again(id, born..=*generation, now);
+            if let Some((ring, adopted_in)) = ring {
+                let change = Change {
+                    me: &me,
+                    born: self.shared.born,
+                    // Not seen held: it never handed this node what it held.
+                    held: &|_| false,
+                    previous: &ring,
+                    view: adopted_in,
+                    live,
+                };
+                let ended = self.shared.doubts.changed(&change, now);
+                self.doubts_ended(ended);
+            }
         }
         for m in &view.members {
-            let was_in_ring = old
+            if m.state != Lifecycle::Leaving || m.node_id == me {
+                continue;
+            }
+            let in_ring = old
                 .ring
                 .member(&m.node_id)
                 .is_some_and(|r| r.generation == m.generation);
-            if m.state == Lifecycle::Leaving && was_in_ring && m.node_id != me {
-                leavers.note(&m.node_id, m.generation, &old.ring);
-            }
+            leavers.note(Left {
+                id: m.node_id.clone(),
+                generation: m.generation,
+                born: m.born,
+                ring: in_ring.then(|| (old.ring.clone(), old.ring_since)),
+                from_view: number,
+                done: false,
+            });
         }
-        leavers.retain(view);
     }
 }
 
@@ -150,36 +185,41 @@ impl Limiter {
 mod tests {
     use super::*;
 
-    fn ring(ids: &[&str]) -> Arc<Ring> {
-        Arc::new(Ring::new(ids.iter().map(|id| Member {
-            node_id: Arc::from(*id),
-            generation: 1,
-            grpc_addr: String::new(),
-            protocol: crate::proto::PEER_PROTOCOL_VERSION,
-            zone: Arc::from(""),
-        })))
+    fn left(id: &str, generation: u64, from_view: u64) -> Left {
+        Left {
+            id: Arc::from(id),
+            generation,
+            born: generation,
+            ring: None,
+            from_view,
+            done: false,
+        }
     }
 
     #[test]
-    fn a_leaver_is_taken_once_by_id_and_generation() {
+    fn a_leaver_is_lost_until_it_said_done_during_its_leave() {
         let l = Leavers::default();
-        let r = ring(&["a", "b"]);
-        l.note(&Arc::from("a"), 1, &r);
-        l.note(&Arc::from("a"), 1, &r);
-        assert!(l.take("a", 2).is_none(), "another process of a");
-        assert!(l.take("a", 1).is_some_and(|t| t.epoch() == r.epoch()));
-        assert!(l.take("a", 1).is_none(), "taken once");
+        l.note(left("a", 1, 5));
+        assert!(l.lost("a", 2).is_none(), "another process of a");
+        assert!(l.lost("a", 1).is_some());
+        assert!(l.lost("a", 1).is_some(), "a note outlives a lookup");
+        l.said_done("a", 1, 4);
+        assert!(
+            l.lost("a", 1).is_some(),
+            "done before its leave: not a handoff"
+        );
+        l.said_done("a", 1, 5);
+        assert!(l.lost("a", 1).is_none(), "handed this node its keys");
     }
 
     #[test]
     fn leavers_are_bounded() {
         let l = Leavers::default();
-        let r = ring(&["a"]);
         for i in 0..(MAX_LEAVERS as u64 + 10) {
-            l.note(&Arc::from("a"), i, &r);
+            l.note(left("a", i, 0));
         }
         assert_eq!(l.lock().len(), MAX_LEAVERS);
-        assert!(l.take("a", 0).is_none(), "the oldest forgotten first");
-        assert!(l.take("a", MAX_LEAVERS as u64 + 9).is_some());
+        assert!(l.lost("a", 0).is_none(), "the oldest forgotten first");
+        assert!(l.lost("a", MAX_LEAVERS as u64 + 9).is_some());
     }
 }

@@ -124,6 +124,10 @@ struct Topology {
     /// This node's number for its current view: one more on every ring
     /// change (an epoch alone can repeat). The store's fence.
     view: u64,
+    /// The view number this node adopted `ring` in (a view can be new with
+    /// the same ring: a holder the transfer never asked). The owners'
+    /// words that this node caught up with the ring count from it.
+    ring_since: u64,
     /// This node's generation (a rejoin is a new one).
     generation: u64,
     /// `N`, the remembered cluster size that sizes leases.
@@ -145,6 +149,7 @@ impl Topology {
             holdings: Arc::new(Holdings::new(0, ring.epoch(), ring.clone(), ring.clone())),
             ring,
             view: 0,
+            ring_since: 0,
             generation,
             size: 1,
             minority: false,
@@ -293,6 +298,25 @@ impl Limiter {
             .iter()
             .any(|m| !old.incoming.asks(&m.node_id, m.generation));
         let changed = old.ring.epoch() != view.ring.epoch() || rejoined || old.view == 0 || unasked;
+        // The members that can hold counts now, as the regions of doubt
+        // read them. Members of the ring before gone from this one — or
+        // suspected in it: a suspect keeps its keys (they are unreachable meanwhile) but
+        // a region over it opens now, so a node that restarts meanwhile
+        // learns it before it could own one of them: their keys' copies
+        // here are the truth only when provably current. On every view:
+        // suspicions change without the ring.
+        let reachable: Vec<doubt::Heard> = view
+            .members
+            .iter()
+            .filter(|m| {
+                m.node_id != me && !m.suspected && m.state != Lifecycle::Joining && m.in_protocol()
+            })
+            .map(|m| doubt::Heard {
+                node_id: m.node_id.clone(),
+                born: m.born,
+                generation: m.generation,
+            })
+            .collect();
         if rejoined {
             // Back as a new member after being away: what this node holds
             // is a copy now; the counts went where the ring sent them.
@@ -323,27 +347,28 @@ impl Limiter {
         } else {
             (old.view, old.incoming.clone(), old.holdings.clone())
         };
+        // The ring kept as the view changed without it: its words count
+        // from when it was adopted.
+        let ring_since = if old.ring.epoch() == view.ring.epoch() && !rejoined && old.view > 0 {
+            old.ring_since
+        } else {
+            number
+        };
+        // A leaver lost before it said `done` opens its region before the
+        // transfer stops waiting for it (`prune`): a decision must not see
+        // the transfer complete and the key not yet in doubt.
+        self.leavers_lost(
+            &old,
+            view,
+            number,
+            &unfinished,
+            &holders,
+            &reachable,
+            rejoined,
+        );
         incoming.prune(&holders);
         // A member gone may have been the last the transfer waited for.
         self.transfer_done();
-        // Members of the ring before gone from this one — or suspected in
-        // it: a suspect keeps its keys (they are unreachable meanwhile) but
-        // a region over it opens now, so a node that restarts meanwhile
-        // learns it before it could own one of them: their keys' copies
-        // here are the truth only when provably current. On every view:
-        // suspicions change without the ring.
-        let reachable: Vec<doubt::Heard> = view
-            .members
-            .iter()
-            .filter(|m| {
-                m.node_id != me && !m.suspected && m.state != Lifecycle::Joining && m.in_protocol()
-            })
-            .map(|m| doubt::Heard {
-                node_id: m.node_id.clone(),
-                born: m.born,
-                generation: m.generation,
-            })
-            .collect();
         // A node back as a new member after being away saw the ring
         // change only from outside: its own regions (over its old ring)
         // and that ring cannot say which keys moved meanwhile and whose
@@ -364,18 +389,18 @@ impl Limiter {
         // is not about this one). A member of the previous release never
         // says it: its losses are never seen here (doubt on the safe side).
         let catch_up = &self.shared.catch_up;
-        let (previous_epoch, since) = (previous.epoch(), old.view);
+        let (previous_epoch, since) = (previous.epoch(), old.ring_since);
         let held = |id: &str| transfer_done && catch_up.confirmed_since(id, previous_epoch, since);
         let change = doubt::Change {
             me: &me,
             born: self.shared.born,
             held: &held,
             previous,
+            view: old.ring_since,
             live: &reachable,
         };
         let ended = self.shared.doubts.changed(&change, self.now());
         self.doubts_ended(ended);
-        self.leavers_lost(&old, view, &unfinished, &holders, &reachable, rejoined);
         self.adopt_doubts(view, &reachable);
         // Changes are worth queueing while another node could hold them.
         let has_peer = view.ring.members().iter().any(|m| m.node_id != me);
@@ -383,6 +408,7 @@ impl Limiter {
         self.shared.topology.store(Arc::new(Topology {
             ring: view.ring.clone(),
             view: number,
+            ring_since,
             generation: view.self_generation,
             size,
             minority,

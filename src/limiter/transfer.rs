@@ -153,11 +153,12 @@ impl Incoming {
             .is_some_and(|p| p.generation == generation)
     }
 
-    /// The members that have not said `done` yet, by id and generation.
+    /// The members that have not said `done` yet, by id and generation
+    /// (a protocol-2 member never says it: not counted).
     pub fn unfinished(&self) -> Vec<(Arc<str>, u64)> {
         self.lock()
             .iter()
-            .filter(|(_, p)| p.standing != Standing::Done)
+            .filter(|(_, p)| !matches!(p.standing, Standing::Done | Standing::Legacy))
             .map(|(id, p)| (id.clone(), p.generation))
             .collect()
     }

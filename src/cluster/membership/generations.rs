@@ -32,7 +32,8 @@ pub(super) fn newest_generations<'a>(
 }
 
 /// The members, one per node id, from the generations heard (not
-/// buried): only a node's newest generation known, and not once it left,
+/// buried): only a node's newest generation of `newest` (the generations
+/// heard, and those buried that said they were leaving), and not once it left,
 /// nor suspected unless ready (joining, it owned nothing; leaving, it
 /// handed off — and no tombstone would ever end its wait). A node runs
 /// one process at a time: a newer generation heard means every older one
@@ -201,7 +202,8 @@ mod tests {
                 assert_eq!(members(order, &[]), want, "newest {state:?}");
             }
         }
-        // The newest buried (not heard): the older is not the member either.
+        // The newest buried after it said it was leaving (not heard, but in
+        // `newest`): the older is not the member either.
         assert_eq!(
             members(vec![a(), old_b()], &[("b", 2)]),
             vec![("a".to_string(), 1)]

@@ -257,7 +257,23 @@ impl Reading {
         // two nodes). Ready members this node suspects stay until buried.
         let live: BTreeSet<&ChitchatId> = chitchat.live_nodes().collect();
         let known: Vec<&ChitchatId> = chitchat.live_nodes().chain(chitchat.dead_nodes()).collect();
-        let newest = newest_generations(known.iter().map(|id| (&id.node_id, id.generation_id)));
+        // A buried generation shadows older ones only if it said it was
+        // leaving: generations are wall-clock starts, so a process started
+        // on a clock behind its dead predecessor's is newer though lower —
+        // it becomes the member once that one is buried (a cold review).
+        let departed = |id: &ChitchatId| {
+            chitchat
+                .node_state(id)
+                .and_then(|s| s.get(STATE))
+                .and_then(Lifecycle::parse)
+                .is_some_and(|s| matches!(s, Lifecycle::Leaving | Lifecycle::Left))
+        };
+        let newest = newest_generations(
+            known
+                .iter()
+                .filter(|id| !buried(id) || departed(id))
+                .map(|id| (&id.node_id, id.generation_id)),
+        );
         let heard = known.iter().filter(|id| !buried(id)).filter_map(|id| {
             let mut m = chitchat
                 .node_state(id)
