@@ -84,8 +84,12 @@ pub(super) struct Progress {
     transferred: bool,
     /// The queue mark still to be taken past; None: caught up.
     mark: Option<u64>,
-    /// Members told, and of which ring (its epoch).
-    told: HashMap<Arc<str>, u64>,
+    /// Members told, and of which ring (its epoch) in which view of this
+    /// node (its scan's): the same members make the same epoch again, and
+    /// a holder counts the word only for the stretch of the ring it came in
+    /// (`confirmed_since`), so each stretch is told anew (a cold review: a
+    /// ring that went and came back, told once, left the holder untold).
+    told: HashMap<Arc<str>, (u64, u64)>,
 }
 
 impl Progress {
@@ -138,9 +142,20 @@ impl Progress {
     }
 
     /// Members of `ring` (but `me`, and those too old to hear it) not told
-    /// of it, with its epoch; none if `me` is not in it (it owns nothing
-    /// there). Forgets members it has left.
+    /// of it in this view, with its epoch; none if `me` is not in it (it
+    /// owns nothing there). Forgets members it has left.
     pub(super) fn owed(&mut self, ring: &Ring, me: &str) -> Vec<(Arc<str>, u64)> {
+        self.told_in(ring, me)
+    }
+
+    /// Count `owed` told (of this view).
+    pub(super) fn tell(&mut self, owed: &[(Arc<str>, u64)]) {
+        let view = self.view;
+        self.told
+            .extend(owed.iter().map(|(id, epoch)| (id.clone(), (*epoch, view))));
+    }
+
+    fn told_in(&mut self, ring: &Ring, me: &str) -> Vec<(Arc<str>, u64)> {
         self.told.retain(|id, _| ring.member(id).is_some());
         if ring.member(me).is_none() {
             return Vec::new();
@@ -149,7 +164,7 @@ impl Progress {
         ring.members()
             .iter()
             .filter(|m| &*m.node_id != me && m.protocol >= 3)
-            .filter(|m| self.told.get(&m.node_id) != Some(&epoch))
+            .filter(|m| self.told.get(&m.node_id) != Some(&(epoch, self.view)))
             .map(|m| (m.node_id.clone(), epoch))
             .collect()
     }
@@ -212,9 +227,10 @@ impl Limiter {
                 return;
             }
             let owed = p.owed(&t.ring, &self.shared.node_id);
-            p.told.extend(owed.iter().cloned());
-            owed
+            p.tell(&owed);
+            (owed, p.view)
         };
+        let (owed, view) = owed;
         for (id, epoch) in owed {
             let limiter = self.clone();
             tokio::spawn(async move {
@@ -223,7 +239,7 @@ impl Limiter {
                     tracing::debug!(peer = %id, error = %e, "caught-up word not delivered; told after a later round");
                     {
                         let mut p = limiter.shared.catch_up.progress();
-                        if p.told.get(&id) == Some(&epoch) {
+                        if p.told.get(&id) == Some(&(epoch, view)) {
                             p.told.remove(&id);
                         }
                     }
@@ -325,7 +341,7 @@ mod tests {
         let e = r.epoch();
         let owed = p.owed(&r, "a");
         assert_eq!(owed, vec![(Arc::from("b"), e), (Arc::from("c"), e)]);
-        p.told.extend(owed);
+        p.tell(&owed);
         assert!(p.owed(&r, "a").is_empty());
         // c restarted (a new generation) and d joined; b left: a new ring,
         // each member owed the word of it.
@@ -339,6 +355,14 @@ mod tests {
         // A ring this node is not in: it owns nothing there, and says so
         // to no one.
         assert!(p.owed(&ring(&[("c", 2), ("d", 1)]), "a").is_empty());
+        // The first ring back (the same members, the same epoch) in a
+        // later view: a new stretch of it, each member told again.
+        let first = ring(&[("a", 1), ("b", 1), ("c", 1)]);
+        let owed = p.owed(&first, "a");
+        p.tell(&owed);
+        assert!(p.owed(&first, "a").is_empty());
+        p.scanned(9, 0);
+        assert_eq!(p.owed(&first, "a").len(), 2, "told again in view 9");
     }
 
     /// A key owned by `owner` whose replica holder is `holder`.

@@ -12,14 +12,26 @@
 //! killed 145 ms into it, while the key's replica holder was paused past
 //! failure detection; the new owner answered `remaining 81` after `0`).
 //!
-//! So each member seen turning `leaving` keeps here the ring it left (the
-//! ring before, on this node); a leaver buried before it said `done` to
-//! this node's transfer is lost from that ring, as a crashed member is
-//! from the ring it was in. Alone it covers no key (a region needs a key's
-//! owner and holder both gone); with the key's other holder lost within
-//! the grace, the key is in doubt until one is back. A leaver that said
-//! `done` handed this node its keys; what it passed on as copies went to
-//! the keys' next holders, as the leave's own retries see to.
+//! So each member seen turning `leaving` is noted here, with the ring it
+//! left if it was in this node's ring before; a leaver buried before it
+//! ever said `done` to a transfer of this node during its leave is lost:
+//! - from that ring, as a crashed member is from the ring it was in. Alone
+//!   it covers no key (a region needs a key's owner and holder both gone);
+//!   with the key's other holder lost within the grace, the key is in
+//!   doubt;
+//! - and again from every region that lost it before and read it as back
+//!   when it turned `leaving` (a holder paused past failure detection,
+//!   rejoining, told to leave: in no ring of its own since — seed 2314's
+//!   case — then killed before it handed its copies over).
+//!
+//! A leaver that said `done` handed this node its keys; what it passed on
+//! as copies went to the keys' next holders, as the leave's own retries
+//! see to. A protocol-2 leaver never says `done` (it pushes its keys): it
+//! is not noted. A note outlives the leaver's first burial (a leaver
+//! suspected a moment is no member, and may be heard again); it is let go
+//! once its leaver is out of the view and its loss was read or it handed
+//! its keys over — its ring as soon as either is so — or when the bound
+//! pushes it out.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -48,6 +60,9 @@ struct Left {
     from_view: u64,
     /// It said `done` to a transfer of this node during its leave.
     done: bool,
+    /// Its loss was read (its ring let go: a ring is ~16 bytes a point,
+    /// 4,096 points a member).
+    read: bool,
 }
 
 /// The members seen leaving, by id and generation.
@@ -83,17 +98,33 @@ impl Leavers {
         for l in self.lock().iter_mut() {
             if &*l.id == id && l.generation == generation && view >= l.from_view {
                 l.done = true;
+                l.ring = None;
             }
         }
     }
 
     /// The noted leaver `id` at `generation` that never said `done`: its
-    /// process's first generation and the ring it left.
+    /// process's first generation and the ring it left (taken: read once;
+    /// a leaver heard again and lost again is gone again in the regions).
     fn lost(&self, id: &str, generation: u64) -> Option<(u64, Option<(Arc<Ring>, u64)>)> {
-        self.lock()
-            .iter()
-            .find(|l| &*l.id == id && l.generation == generation && !l.done)
-            .map(|l| (l.born, l.ring.clone()))
+        let mut notes = self.lock();
+        let l = notes
+            .iter_mut()
+            .find(|l| &*l.id == id && l.generation == generation && !l.done)?;
+        l.read = true;
+        Some((l.born, l.ring.take()))
+    }
+
+    /// Let go of the notes of leavers no longer in the view whose loss was
+    /// read or that handed their keys over.
+    fn settle(&self, view: &ClusterView) {
+        self.lock().retain(|l| {
+            let in_view = view
+                .members
+                .iter()
+                .any(|m| m.node_id == l.id && m.generation == l.generation);
+            in_view || !(l.done || l.read)
+        });
     }
 
     fn clear(&self) {
@@ -162,7 +193,8 @@ impl Limiter {
             }
         }
         for m in &view.members {
-            if m.state != Lifecycle::Leaving || m.node_id == me {
+            // A protocol-2 leaver never says `done`: its loss is not read.
+            if m.state != Lifecycle::Leaving || m.node_id == me || m.protocol < 3 {
                 continue;
             }
             let in_ring = old
@@ -176,8 +208,10 @@ impl Limiter {
                 ring: in_ring.then(|| (old.ring.clone(), old.ring_since)),
                 from_view: number,
                 done: false,
+                read: false,
             });
         }
+        leavers.settle(view);
     }
 }
 
@@ -193,6 +227,7 @@ mod tests {
             ring: None,
             from_view,
             done: false,
+            read: false,
         }
     }
 
@@ -202,7 +237,10 @@ mod tests {
         l.note(left("a", 1, 5));
         assert!(l.lost("a", 2).is_none(), "another process of a");
         assert!(l.lost("a", 1).is_some());
-        assert!(l.lost("a", 1).is_some(), "a note outlives a lookup");
+        assert!(
+            l.lost("a", 1).is_some_and(|(_, ring)| ring.is_none()),
+            "a note outlives a lookup; its ring is read once"
+        );
         l.said_done("a", 1, 4);
         assert!(
             l.lost("a", 1).is_some(),

@@ -32,8 +32,7 @@ pub(super) fn newest_generations<'a>(
 }
 
 /// The members, one per node id, from the generations heard (not
-/// buried): only a node's newest generation of `newest` (the generations
-/// heard, and those buried that said they were leaving), and not once it left,
+/// buried): only a node's newest generation known, and not once it left,
 /// nor suspected unless ready (joining, it owned nothing; leaving, it
 /// handed off — and no tombstone would ever end its wait). A node runs
 /// one process at a time: a newer generation heard means every older one
@@ -42,13 +41,23 @@ pub(super) fn newest_generations<'a>(
 /// ring (simulator seed 2188 of `--mix any`: n0 crashed and restarted,
 /// its old generation's tombstone forgotten; when its new process said
 /// `left`, the old generation, ready and suspected, was the member).
+///
+/// `newest` is over every generation known; `shadowing`, over those not
+/// buried or that said they were leaving. Generations are wall-clock
+/// starts, so a process started on a clock behind its dead predecessor's
+/// is newer though lower: below `newest` but not below `shadowing`, a
+/// generation is the member while it is live (not suspected) — never an
+/// older dead one (a cold review: a newest crashed and buried hid none).
 pub(super) fn one_per_node(
     heard: impl Iterator<Item = MemberInfo>,
     newest: &BTreeMap<&str, u64>,
+    shadowing: &BTreeMap<&str, u64>,
 ) -> BTreeMap<Arc<str>, MemberInfo> {
     let mut members: BTreeMap<Arc<str>, MemberInfo> = BTreeMap::new();
     for m in heard {
-        let is_newest = newest.get(&*m.node_id).is_none_or(|&g| m.generation >= g);
+        let at_least =
+            |map: &BTreeMap<&str, u64>| map.get(&*m.node_id).is_none_or(|&g| m.generation >= g);
+        let is_newest = at_least(shadowing) && (at_least(newest) || !m.suspected);
         let gone = m.state == Lifecycle::Left || (m.suspected && m.state != Lifecycle::Ready);
         if is_newest && !gone {
             members.insert(m.node_id.clone(), m);
@@ -161,17 +170,33 @@ mod tests {
         }
     }
 
-    fn members(heard: Vec<MemberInfo>, also_known: &[(&str, u64)]) -> Vec<(String, u64)> {
+    /// The members of `heard`, with the buried generations `also_known`;
+    /// of those, `buried_quietly` never said they were leaving.
+    fn members_of(
+        heard: Vec<MemberInfo>,
+        also_known: &[(&str, u64)],
+        buried_quietly: &[(&str, u64)],
+    ) -> Vec<(String, u64)> {
         let ids: Vec<(Arc<str>, u64)> = heard
             .iter()
             .map(|m| (m.node_id.clone(), m.generation))
             .chain(also_known.iter().map(|&(id, g)| (Arc::from(id), g)))
             .collect();
         let newest = newest_generations(ids.iter().map(|(id, g)| (id, *g)));
-        one_per_node(heard.into_iter(), &newest)
+        // The ones not heard are buried; those below said `left`.
+        let shadowing = newest_generations(
+            ids.iter()
+                .filter(|(id, g)| !buried_quietly.contains(&(&**id, *g)))
+                .map(|(id, g)| (id, *g)),
+        );
+        one_per_node(heard.into_iter(), &newest, &shadowing)
             .into_values()
             .map(|m| (m.node_id.to_string(), m.generation))
             .collect()
+    }
+
+    fn members(heard: Vec<MemberInfo>, also_known: &[(&str, u64)]) -> Vec<(String, u64)> {
+        members_of(heard, also_known, &[])
     }
 
     /// A node's older generation is never its member once a newer one is
@@ -202,11 +227,26 @@ mod tests {
                 assert_eq!(members(order, &[]), want, "newest {state:?}");
             }
         }
-        // The newest buried after it said it was leaving (not heard, but in
-        // `newest`): the older is not the member either.
+        // The newest buried after it said it was leaving: the older is not
+        // the member either.
         assert_eq!(
             members(vec![a(), old_b()], &[("b", 2)]),
             vec![("a".to_string(), 1)]
+        );
+        // The newest crashed and buried quietly: an older one dead before
+        // it (suspected) is not the member; a live one below it (a start
+        // on a clock behind) is.
+        assert_eq!(
+            members_of(vec![a(), old_b()], &[("b", 2)], &[("b", 2)]),
+            vec![("a".to_string(), 1)]
+        );
+        assert_eq!(
+            members_of(
+                vec![a(), heard("b", 1, Joining, false)],
+                &[("b", 2)],
+                &[("b", 2)]
+            ),
+            vec![("a".to_string(), 1), ("b".to_string(), 1)]
         );
         // Only one generation known: itself, ready and suspected, stays
         // until buried.

@@ -257,10 +257,8 @@ impl Reading {
         // two nodes). Ready members this node suspects stay until buried.
         let live: BTreeSet<&ChitchatId> = chitchat.live_nodes().collect();
         let known: Vec<&ChitchatId> = chitchat.live_nodes().chain(chitchat.dead_nodes()).collect();
-        // A buried generation shadows older ones only if it said it was
-        // leaving: generations are wall-clock starts, so a process started
-        // on a clock behind its dead predecessor's is newer though lower —
-        // it becomes the member once that one is buried (a cold review).
+        // A buried generation shadows a live older one only if it said it
+        // was leaving (`one_per_node`).
         let departed = |id: &ChitchatId| {
             chitchat
                 .node_state(id)
@@ -268,7 +266,8 @@ impl Reading {
                 .and_then(Lifecycle::parse)
                 .is_some_and(|s| matches!(s, Lifecycle::Leaving | Lifecycle::Left))
         };
-        let newest = newest_generations(
+        let newest = newest_generations(known.iter().map(|id| (&id.node_id, id.generation_id)));
+        let shadowing = newest_generations(
             known
                 .iter()
                 .filter(|id| !buried(id) || departed(id))
@@ -281,7 +280,7 @@ impl Reading {
             m.suspected = !live.contains(id);
             Some(m)
         });
-        let members = one_per_node(heard, &newest);
+        let members = one_per_node(heard, &newest, &shadowing);
         let generations = chitchat
             .live_nodes()
             .chain(chitchat.dead_nodes())
