@@ -27,11 +27,13 @@
 //! A leaver that said `done` handed this node its keys; what it passed on
 //! as copies went to the keys' next holders, as the leave's own retries
 //! see to. A protocol-2 leaver never says `done` (it pushes its keys): it
-//! is not noted. A note outlives the leaver's first burial (a leaver
-//! suspected a moment is no member, and may be heard again); it is let go
-//! once its leaver is out of the view and its loss was read or it handed
-//! its keys over — its ring as soon as either is so — or when the bound
-//! pushes it out.
+//! is not noted. A note is let go once its leaver is out of the view
+//! (buried, or suspected a moment: a suspected leaver is no member) and
+//! its loss was read or it handed its keys over — its ring as soon as
+//! either is so — or when the bound pushes it out. A leaver heard again
+//! after that is noted afresh, with no ring: its loss is read in the
+//! regions only, and a `done` it gave in between is missed (doubt on the
+//! safe side, within the grace).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -44,6 +46,9 @@ use crate::cluster::ring::{Member, Ring};
 /// Leavers remembered at most (oldest forgotten first).
 const MAX_LEAVERS: usize = 64;
 
+/// The ring a leaver left, and this node's view number when it adopted it.
+type LeftRing = (Arc<Ring>, u64);
+
 /// A member seen turning `leaving`.
 #[derive(Debug)]
 struct Left {
@@ -54,7 +59,7 @@ struct Left {
     /// The ring it left here and this node's view number when it adopted
     /// that ring; `None`: it was in no ring of this node as this
     /// generation (it turned `leaving` from joining).
-    ring: Option<(Arc<Ring>, u64)>,
+    ring: Option<LeftRing>,
     /// The first view of this node that knew it leaving: a `done` to a
     /// transfer of that view or later is its handoff.
     from_view: u64,
@@ -106,7 +111,7 @@ impl Leavers {
     /// The noted leaver `id` at `generation` that never said `done`: its
     /// process's first generation and the ring it left (taken: read once;
     /// a leaver heard again and lost again is gone again in the regions).
-    fn lost(&self, id: &str, generation: u64) -> Option<(u64, Option<(Arc<Ring>, u64)>)> {
+    fn lost(&self, id: &str, generation: u64) -> Option<(u64, Option<LeftRing>)> {
         let mut notes = self.lock();
         let l = notes
             .iter_mut()

@@ -232,7 +232,9 @@ impl Faults {
                         .iter()
                         .any(|&(m, t, back)| m == n && t < ta && back + ms(REJOIN) > ta);
                     let away = self.holds.iter().any(|&(from, to, h)| {
-                        matches!(h, Hold::Node(m) if m == n) && from + pause_death() <= ta && ta < to
+                        matches!(h, Hold::Node(m) if m == n)
+                            && from + pause_death() <= ta
+                            && ta < to
                     });
                     started && (!(down || away) || n == a || n == b)
                 });
