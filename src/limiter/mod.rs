@@ -190,7 +190,7 @@ struct Shared {
     /// Which members hold every replica of this node's keys, and which
     /// owners said this node does (`caught_up.rs`).
     catch_up: caught_up::CatchUp,
-    /// The rings members left, until their leave ends (`leavers.rs`).
+    /// Members seen leaving and the rings they left (`leavers.rs`).
     leavers: leavers::Leavers,
     /// The generation this process started as (a rejoin is a newer one;
     /// an older one was another process, its counts lost with it).
@@ -300,11 +300,11 @@ impl Limiter {
         let changed = old.ring.epoch() != view.ring.epoch() || rejoined || old.view == 0 || unasked;
         // The members that can hold counts now, as the regions of doubt
         // read them. Members of the ring before gone from this one — or
-        // suspected in it: a suspect keeps its keys (they are unreachable meanwhile) but
-        // a region over it opens now, so a node that restarts meanwhile
-        // learns it before it could own one of them: their keys' copies
-        // here are the truth only when provably current. On every view:
-        // suspicions change without the ring.
+        // suspected in it: a suspect keeps its keys (they are unreachable
+        // meanwhile) but a region over it opens now, so a node that
+        // restarts meanwhile learns it before it could own one of them:
+        // their keys' copies here are the truth only when provably
+        // current. On every view: suspicions change without the ring.
         let reachable: Vec<doubt::Heard> = view
             .members
             .iter()
