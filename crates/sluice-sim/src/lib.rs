@@ -115,7 +115,7 @@ pub fn run_with_history(schedule: &schedule::Schedule) -> (Report, history::Hist
         violations,
         moved_ports: out.moved_ports,
         doubt_checked: doubts.checked,
-        sim_secs: (schedule.end + workload::PROBE_SPAN) as f64 / 1_000.0,
+        sim_secs: (schedule.end + schedule::PROBE_SPAN) as f64 / 1_000.0,
         wall_secs: out.wall,
     };
     (report, out.history)

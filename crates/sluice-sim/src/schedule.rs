@@ -165,6 +165,8 @@ pub struct Schedule {
     pub end: u64,
 }
 
+/// How long after the end of traffic the final probes run (ms).
+pub const PROBE_SPAN: u64 = 8_000;
 /// Faults start after the cluster formed.
 const FIRST_FAULT: u64 = 6_000;
 /// A pause, partition or slowdown long enough to cross failure detection
@@ -196,7 +198,8 @@ impl Schedule {
             true => (0..nodes).map(|n| format!("z{}", n % ZONES)).collect(),
             false => Vec::new(),
         };
-        let end = secs.max(60) * 1_000 - 10_000;
+        // The run is `secs` long in all: traffic, then the final probes.
+        let end = secs.max(60) * 1_000 - PROBE_SPAN;
         let heal = end - 12_000;
         let mut faults = Vec::new();
         let skew = (0..nodes)

@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use turmoil_net::{HostId, KernelConfig, Net, Packet, Rule, Transport, Verdict};
 
 use crate::history::History;
-use crate::schedule::{Fault, Proto, Schedule};
+use crate::schedule::{Fault, PROBE_SPAN, Proto, Schedule};
 use crate::workload::{self, Apps};
 use crate::world::{HostClock, SimNet, SimTicks};
 
@@ -287,7 +287,7 @@ pub fn run(schedule: &Schedule) -> Outcome {
     let mut in_flight = BinaryHeap::new();
     let mut seq = 0u64;
     let mut egress = Vec::new();
-    let total = (schedule.end + workload::PROBE_SPAN) * 1_000_000;
+    let total = (schedule.end + PROBE_SPAN) * 1_000_000;
     let tick = TICK.as_nanos() as u64;
     let mut now = 0u64;
     let mut order: Vec<usize> = (0..hosts.len()).collect();

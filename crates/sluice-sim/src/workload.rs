@@ -16,12 +16,10 @@ use sluice::proto::v1::rate_limiter_client::RateLimiterClient;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::history::{Call, History, Outcome, Status};
-use crate::schedule::Schedule;
+use crate::schedule::{PROBE_SPAN, Schedule};
 use crate::sim::{GRPC_PORT, lock, node_ip};
 use crate::world::SimDial;
 
-/// How long after the end of traffic the final probes run (ms).
-pub const PROBE_SPAN: u64 = 8_000;
 /// Every key answers exactly through every node within this long of the
 /// last heal (ms): the cluster's `in_doubt_grace` (10 s) and 1.5 s. A key
 /// whose last holder of record was lost as the faults ended (a crashed
