@@ -246,9 +246,10 @@ async fn an_unreachable_limiter_is_a_decision_and_is_counted() {
 }
 
 /// A node that takes calls and never answers them (a stuck process; it
-/// ignores `grpc-timeout` as a half-open connection would): each call must
-/// give its slot back at the deadline, or once the client's few calls in
-/// flight are all stuck, every later check waits unsent behind them.
+/// ignores `grpc-timeout` as a half-open connection would, and never opens
+/// a stream): each call must give its slot back at the deadline, or once
+/// the client's few calls in flight are all stuck, every later check waits
+/// unsent behind them.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_node_that_never_answers_holds_no_call_past_its_deadline() {
     use sluice_api::v1 as pb;
@@ -262,6 +263,17 @@ async fn a_node_that_never_answers_holds_no_call_past_its_deadline() {
             &self,
             _: tonic::Request<pb::CheckRequest>,
         ) -> Result<tonic::Response<pb::CheckResponse>, tonic::Status> {
+            std::future::pending().await
+        }
+
+        type CheckStreamStream =
+            tokio_stream::wrappers::ReceiverStream<Result<pb::CheckStreamResponse, tonic::Status>>;
+
+        /// Stuck too: the stream never opens.
+        async fn check_stream(
+            &self,
+            _: tonic::Request<tonic::Streaming<pb::CheckStreamRequest>>,
+        ) -> Result<tonic::Response<Self::CheckStreamStream>, tonic::Status> {
             std::future::pending().await
         }
     }

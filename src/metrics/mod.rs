@@ -124,6 +124,9 @@ pub struct Metrics {
     /// shed as overloaded.
     pub in_flight: Gauge,
     pub overloaded: Counter,
+    /// `CheckStream` streams open, and calls that came on one.
+    pub check_streams: Gauge,
+    pub stream_calls: Counter,
     pub cluster: Arc<ClusterMetrics>,
     pub resources: Arc<Resources>,
 }
@@ -169,6 +172,18 @@ impl Metrics {
             "Check calls shed at once, over max_in_flight_checks (any front)",
             overloaded.clone(),
         );
+        let check_streams = Gauge::default();
+        registry.register(
+            "sluice_check_streams",
+            "CheckStream streams open (each a client's long-lived stream of Check calls)",
+            check_streams.clone(),
+        );
+        let stream_calls = Counter::default();
+        registry.register(
+            "sluice_check_stream_calls",
+            "Check calls that came as CheckStream messages (also in the v1 call series)",
+            stream_calls.clone(),
+        );
         let cluster = Arc::new(ClusterMetrics::new());
         cluster.register(&mut registry);
         let resources = Arc::new(Resources::default());
@@ -181,6 +196,8 @@ impl Metrics {
             reloads,
             in_flight,
             overloaded,
+            check_streams,
+            stream_calls,
             cluster,
             resources,
         }

@@ -39,7 +39,7 @@ use crate::limiter::{ClusterSettings, Limiter, Parts};
 use crate::metrics::Metrics;
 use crate::policy::Policies;
 use crate::service::admission::Admission;
-use crate::service::grpc::{Api, Services};
+use crate::service::grpc::{Api, NodeLife, Services};
 use crate::service::headers::Families;
 use crate::service::operator::{AdminToken, OperatorAuth};
 use crate::service::readiness::Readiness;
@@ -394,7 +394,10 @@ impl Node {
             admin,
             peer,
             OperatorAuth::new(admin_token.clone(), secret),
-            &readiness,
+            NodeLife {
+                readiness: &readiness,
+                stopping: shutdown.clone(),
+            },
             admission.clone(),
         )?
         .with_status(crate::service::status::router(

@@ -86,6 +86,13 @@ pub struct Services {
     status: Option<axum::Router>,
 }
 
+/// What the front ends hear of the node's life: whether it is ready
+/// (health), and when it stops (long-lived streams end).
+pub struct NodeLife<'a> {
+    pub readiness: &'a super::readiness::Readiness,
+    pub stopping: CancellationToken,
+}
+
 impl Services {
     pub fn new(
         config: &Config,
@@ -93,9 +100,13 @@ impl Services {
         admin: AdminService,
         peer: PeerService,
         operator: OperatorAuth,
-        readiness: &super::readiness::Readiness,
+        life: NodeLife<'_>,
         admission: Admission,
     ) -> Result<Services, GrpcError> {
+        let NodeLife {
+            readiness,
+            stopping,
+        } = life;
         let max = config.limits.max_message_bytes;
         let health = Health::new(tonic_health::server::HealthService::from_health_reporter(
             readiness.reporter(),
@@ -107,6 +118,7 @@ impl Services {
                 limiter.clone(),
                 config.limits.clone(),
                 admission.clone(),
+                stopping,
             ))
             .max_decoding_message_size(max),
             allotments: AllotmentsServer::new(AllotmentsService::new(

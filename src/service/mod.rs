@@ -1,7 +1,8 @@
 //! Front ends. Each translates its wire types to the limiter's domain types
 //! and back; none holds business logic.
 //!
-//! - [`v1`]: `sluice.v1.RateLimiter`, the public API;
+//! - [`v1`]: `sluice.v1.RateLimiter`, the public API, and [`check_stream`]:
+//!   its calls on one long-lived stream;
 //! - [`admin`]: `sluice.v1.Admin`, for operators, and [`operator`]: who is one;
 //! - [`admission`]: the bounds every check call meets first, whatever the
 //!   front (batch size; one budget of calls in progress per node);
@@ -15,6 +16,7 @@ pub mod admin;
 pub mod admission;
 pub mod allotments;
 pub mod bulk;
+pub mod check_stream;
 pub mod coalesce;
 pub mod deadline;
 pub mod envoy;

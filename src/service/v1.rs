@@ -1,9 +1,11 @@
 //! `sluice.v1.RateLimiter`: the public API. Converts, calls the limiter,
-//! converts back — no business rules here.
+//! converts back — no business rules here. `CheckStream`'s driver is
+//! `check_stream.rs`; each of its messages is decided here as a `Check`.
 
 use tokio::time::Instant;
 
-use tonic::{Request, Response, Status};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
 
 use super::admission::Admission;
 use super::wire;
@@ -19,32 +21,46 @@ use crate::threads::Threads;
 /// slices; a bulk call, once started, is decided to its end.
 const BULK_ITEMS: usize = 128;
 
+/// Cheap to clone (handles all): each `CheckStream` driver holds one.
+#[derive(Clone)]
 pub struct RateLimiterService {
     limiter: Limiter,
     limits: Limits,
     /// The node's admission bounds, shared with the other front ends.
     admission: Admission,
+    /// Cancelled when the node stops: streams answer what is in flight and
+    /// end (`check_stream.rs`), so the server's graceful shutdown is not
+    /// held open by a client's long-lived stream.
+    stopping: CancellationToken,
 }
 
 impl RateLimiterService {
-    pub fn new(limiter: Limiter, limits: Limits, admission: Admission) -> RateLimiterService {
+    pub fn new(
+        limiter: Limiter,
+        limits: Limits,
+        admission: Admission,
+        stopping: CancellationToken,
+    ) -> RateLimiterService {
         RateLimiterService {
             limiter,
             limits,
             admission,
+            stopping,
         }
     }
-}
 
-#[tonic::async_trait]
-impl RateLimiter for RateLimiterService {
-    async fn check(
+    pub(super) fn metrics(&self) -> std::sync::Arc<crate::metrics::Metrics> {
+        self.limiter.metrics().clone()
+    }
+
+    /// One `Check` call decided, `arrived` at the node with `budget` to
+    /// run: what a unary call answers, and a stream's message.
+    pub(super) async fn decide(
         &self,
-        request: Request<pb::CheckRequest>,
-    ) -> Result<Response<pb::CheckResponse>, Status> {
-        let started = Instant::now();
-        let budget = super::deadline::grpc_timeout(request.metadata());
-        let mut requests = request.into_inner().requests;
+        mut requests: Vec<pb::RateLimitRequest>,
+        budget: Option<std::time::Duration>,
+        arrived: Instant,
+    ) -> Result<pb::CheckResponse, Status> {
         if let Err(e) = self.admission.batch("requests", requests.len()) {
             let mut status = Status::resource_exhausted(e.to_string());
             status.metadata_mut().insert(
@@ -77,7 +93,7 @@ impl RateLimiter for RateLimiterService {
                     self.admission.lane(),
                     checks,
                     budget,
-                    started,
+                    arrived,
                     places,
                 )
                 .await?
@@ -104,13 +120,44 @@ impl RateLimiter for RateLimiterService {
         self.limiter
             .metrics()
             .check_latency
-            .observe(started.elapsed().as_secs_f64());
-        Ok(Response::new(pb::CheckResponse { responses }))
+            .observe(arrived.elapsed().as_secs_f64());
+        Ok(pb::CheckResponse { responses })
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimiter for RateLimiterService {
+    async fn check(
+        &self,
+        request: Request<pb::CheckRequest>,
+    ) -> Result<Response<pb::CheckResponse>, Status> {
+        let arrived = Instant::now();
+        let budget = super::deadline::grpc_timeout(request.metadata());
+        let requests = request.into_inner().requests;
+        self.decide(requests, budget, arrived)
+            .await
+            .map(Response::new)
+    }
+
+    type CheckStreamStream = super::check_stream::Answers;
+
+    async fn check_stream(
+        &self,
+        request: Request<Streaming<pb::CheckStreamRequest>>,
+    ) -> Result<Response<Self::CheckStreamStream>, Status> {
+        let idle = self.limits.idle_connection_timeout;
+        let stopping = self.stopping.clone();
+        Ok(Response::new(super::check_stream::serve(
+            self.clone(),
+            request.into_inner(),
+            idle,
+            stopping,
+        )))
     }
 }
 
 /// Every item of a call answered "overloaded".
-fn overloaded(requests: Vec<pb::RateLimitRequest>) -> Response<pb::CheckResponse> {
+fn overloaded(requests: Vec<pb::RateLimitRequest>) -> pb::CheckResponse {
     let responses = requests
         .into_iter()
         .map(|r| {
@@ -120,7 +167,7 @@ fn overloaded(requests: Vec<pb::RateLimitRequest>) -> Response<pb::CheckResponse
             response
         })
         .collect();
-    Response::new(pb::CheckResponse { responses })
+    pb::CheckResponse { responses }
 }
 
 /// Decide a large call on the bulk lane (`bulk.rs`: why), not on a worker.

@@ -24,11 +24,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use sluice_api::v1 as pb;
-use sluice_api::v1::rate_limiter_client::RateLimiterClient;
 use tokio::sync::{Semaphore, mpsc, oneshot};
-use tonic::transport::Channel;
 
 use crate::Stats;
+use crate::stream::{Called, Calls};
 
 /// Checks per `Check` call a client sends at most, unless told otherwise.
 pub const DEFAULT_BATCH: usize = 100;
@@ -48,7 +47,7 @@ pub(crate) struct Queued {
 /// to `on_unavailable`. Ends when every sender of `rx` is gone.
 pub(crate) async fn batch_loop(
     mut rx: mpsc::Receiver<Queued>,
-    rpc: RateLimiterClient<Channel>,
+    calls: Calls,
     max: usize,
     deadline: Duration,
     stats: Arc<Stats>,
@@ -64,10 +63,10 @@ pub(crate) async fn batch_loop(
         if batch.is_empty() {
             continue;
         }
-        let (rpc, size, stats) = (rpc.clone(), size.clone(), stats.clone());
+        let (calls, size, stats) = (calls.clone(), size.clone(), stats.clone());
         tokio::spawn(async move {
             let _slot = slot;
-            send(rpc, batch, deadline, &size, &stats).await;
+            send(&calls, batch, deadline, &size, &stats).await;
         });
     }
 }
@@ -91,7 +90,7 @@ fn fill(first: Queued, rx: &mut mpsc::Receiver<Queued>, max: usize) -> Vec<Queue
 
 /// One call for `batch`; answers in order, or none.
 async fn send(
-    mut rpc: RateLimiterClient<Channel>,
+    calls: &Calls,
     batch: Vec<Queued>,
     deadline: Duration,
     size: &AtomicUsize,
@@ -101,27 +100,21 @@ async fn send(
     let (requests, answers): (Vec<_>, Vec<_>) =
         batch.into_iter().map(|q| (q.request, q.answer)).unzip();
     let n = answers.len();
-    let call = rpc.check(pb::CheckRequest { requests });
-    match tokio::time::timeout(deadline, call).await {
-        Ok(Ok(r)) => {
-            let responses = r.into_inner().responses;
-            if responses.len() == n {
-                for (answer, response) in answers.into_iter().zip(responses) {
-                    let _ = answer.send(response);
-                }
+    match calls.call(requests, deadline).await {
+        Called::Answered(responses) if responses.len() == n => {
+            for (answer, response) in answers.into_iter().zip(responses) {
+                let _ = answer.send(response);
             }
         }
-        Ok(Err(status)) if status.code() == tonic::Code::ResourceExhausted => {
-            if let Some(most) = node_max_batch(&status) {
-                size.fetch_min(most, Ordering::Relaxed);
-            }
+        Called::TooMany(Some(most)) if most > 0 => {
+            size.fetch_min(most, Ordering::Relaxed);
         }
         _ => {}
     }
 }
 
 /// The most items per call a node said it takes, when it said so.
-fn node_max_batch(status: &tonic::Status) -> Option<usize> {
+pub(crate) fn node_max_batch(status: &tonic::Status) -> Option<usize> {
     let value = status.metadata().get(sluice_api::MAX_BATCH_METADATA)?;
     let most: usize = value.to_str().ok()?.parse().ok()?;
     (most > 0).then_some(most)

@@ -1,8 +1,11 @@
 //! A Sluice client for Rust services.
 //!
-//! [`Client`] is a cheap-to-clone handle (an `Arc` inside) over one gRPC
-//! channel to one address or several (balanced): a sidecar on localhost, the
-//! DaemonSet pod on the host IP, or a Service. Every check has a deadline
+//! [`Client`] is a cheap-to-clone handle (an `Arc` inside) over one address
+//! or several: a sidecar on localhost, the DaemonSet pod on the host IP (or
+//! its Unix socket), or a Service. Calls go on a long-lived `CheckStream`
+//! per address, round the addresses (`stream.rs`: a call is then a message
+//! each way, not an HTTP/2 stream of its own); a node without streams gets
+//! unary calls, and [`Builder::streams`] turns them off. Every check has a deadline
 //! (default 5 ms). When Sluice cannot answer in time the client does not
 //! return an error: it *decides*, by the configured [`OnUnavailable`] —
 //! `Allow`, `Deny`, or `Local` (an in-process token bucket holding a share of
@@ -18,6 +21,7 @@ mod allot;
 mod batch;
 mod local;
 pub mod middleware;
+mod stream;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,6 +29,7 @@ use std::time::Duration;
 
 use sluice_api::v1 as pb;
 use sluice_api::v1::rate_limiter_client::RateLimiterClient;
+use stream::{Called, Calls, Streams};
 use tokio::sync::{mpsc, oneshot};
 use tonic::transport::{Channel, Endpoint};
 
@@ -212,9 +217,18 @@ pub struct Builder {
     on_unavailable: OnUnavailable,
     batch: Option<usize>,
     allotment_keys: usize,
+    streams: bool,
 }
 
 impl Builder {
+    /// Send calls on a long-lived `CheckStream` per address (default), or
+    /// each as a unary `Check` (`false`). A node without streams gets unary
+    /// calls either way (`stream.rs`).
+    pub fn streams(mut self, on: bool) -> Builder {
+        self.streams = on;
+        self
+    }
+
     /// Hold allotments of up to `max_keys` tiered keys in this process
     /// (default [`DEFAULT_ALLOTMENT_KEYS`]); 0: never, every tiered check
     /// goes to the node.
@@ -272,12 +286,15 @@ impl Builder {
             id.hash(&mut h);
             h.finish() as usize
         };
-        let allotments_channel = endpoints
-            .get(pick % endpoints.len().max(1))
-            .map(|e| e.connect_lazy());
-        let channel = match endpoints.as_slice() {
-            [one] => one.connect_lazy(),
-            _ => Channel::balance_list(endpoints.into_iter()),
+        let channels: Vec<Channel> = endpoints.iter().map(Endpoint::connect_lazy).collect();
+        let allotments_channel = channels.get(pick % channels.len().max(1)).cloned();
+        let calls = match (self.streams, channels.as_slice()) {
+            // A stream per address: calls go round them (`stream.rs`).
+            (true, _) => Calls::Streams(Arc::new(Streams::new(channels.clone()))),
+            (false, [one]) => Calls::Unary(RateLimiterClient::new(one.clone())),
+            (false, _) => Calls::Unary(RateLimiterClient::new(Channel::balance_list(
+                endpoints.into_iter(),
+            ))),
         };
         let allotter = (self.allotment_keys > 0)
             .then_some(())
@@ -287,13 +304,12 @@ impl Builder {
                 tokio::spawn(allot::report_loop(Arc::downgrade(&a), a.wake.clone()));
                 a
             });
-        let rpc = RateLimiterClient::new(channel);
         let stats = Arc::new(Stats::default());
         let batcher = self.batch.map(|max| {
             let (tx, rx) = mpsc::channel(max.saturating_mul(64).max(1_024));
             tokio::spawn(batch::batch_loop(
                 rx,
-                rpc.clone(),
+                calls.clone(),
                 max,
                 self.deadline,
                 stats.clone(),
@@ -302,7 +318,7 @@ impl Builder {
         });
         Ok(Client {
             inner: Arc::new(Inner {
-                rpc,
+                calls,
                 deadline: self.deadline,
                 local: match &self.on_unavailable {
                     OnUnavailable::Local { share, limits } => {
@@ -326,7 +342,7 @@ pub struct Client {
 }
 
 struct Inner {
-    rpc: RateLimiterClient<Channel>,
+    calls: Calls,
     deadline: Duration,
     on_unavailable: OnUnavailable,
     local: Option<local::Buckets>,
@@ -344,6 +360,7 @@ impl Client {
             on_unavailable: OnUnavailable::Allow,
             batch: Some(DEFAULT_BATCH),
             allotment_keys: DEFAULT_ALLOTMENT_KEYS,
+            streams: true,
         }
     }
 
@@ -501,9 +518,10 @@ impl Client {
         requests: Vec<pb::RateLimitRequest>,
     ) -> Option<Vec<pb::RateLimitResponse>> {
         self.inner.stats.calls.fetch_add(1, Ordering::Relaxed);
-        let mut rpc = self.inner.rpc.clone();
-        let r = rpc.check(pb::CheckRequest { requests }).await.ok()?;
-        Some(r.into_inner().responses)
+        match self.inner.calls.call(requests, self.inner.deadline).await {
+            Called::Answered(responses) => Some(responses),
+            Called::TooMany(_) | Called::Failed => None,
+        }
     }
 
     fn unavailable(&self, check: &Check) -> Decision {
