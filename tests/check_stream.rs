@@ -289,6 +289,34 @@ async fn sluice_client_streams_and_falls_back_to_unary() {
     );
 }
 
+/// Over the node's Unix socket too (the DaemonSet's path for apps on the
+/// host): the stream and the TCP listener share one count.
+#[tokio::test(flavor = "multi_thread")]
+async fn sluice_client_streams_over_the_unix_socket() {
+    let dir = std::env::temp_dir().join(format!("sluice-stream-uds-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("sluice.sock");
+    let mut c = config();
+    c.grpc_uds = Some(path.clone());
+    let node = start(c).await;
+    let client = sluice_client::Client::builder([format!("unix:{}", path.display())])
+        .deadline(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let check = sluice_client::Check::inline("st", "u", 3, Duration::from_secs(60));
+    for left in [2, 1] {
+        let d = client.check(&check).await.unwrap();
+        assert_eq!((d.allowed, d.remaining), (true, left), "{d:?}");
+    }
+    let tcp = node.check(inline("st", "u", 3, 60_000)).await;
+    assert_eq!(tcp.remaining, 0, "one count over both listeners: {tcp:?}");
+    assert!(!client.check(&check).await.unwrap().allowed);
+    let metrics = node.node.limiter.metrics();
+    assert_eq!(metrics.stream_calls.get(), 3, "the client's calls streamed");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A node of a release without `CheckStream`: its router answers the
 /// method UNIMPLEMENTED (as tonic's does for a method it lacks); `Check`
 /// admits with 42 remaining.
