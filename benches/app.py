@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What an app pays per decision, through its client library: `--tasks`
 concurrent tasks in one process (`benches/app.rs`) deciding one key at a
-time through sluice-client (one call per check, and batching) and through
+time through sluice-client (one call per check, and batching; each over
+`CheckStream`, the client's default, and over unary calls) and through
 redis-rs's multiplexed, auto-pipelining connection running the token-bucket
 Lua script of `benches/redis.py`. The server on core 0, the app on core 1;
 targets alternate A B C A B C; best of the repetitions by decisions per
@@ -37,9 +38,10 @@ def app_binary():
     sys.exit("cargo did not say where the app bench is")
 
 
-def run(app, target, addr, pid, tasks, seconds, batching=0):
+def run(app, target, addr, pid, tasks, seconds, batching=0, streams=1):
     cmd = ["taskset", "-c", "1", app, "--target", target, "--addr", addr, "--server-pid",
-           str(pid), "--tasks", str(tasks), "--seconds", str(seconds), "--batching", str(batching)]
+           str(pid), "--tasks", str(tasks), "--seconds", str(seconds), "--batching", str(batching),
+           "--streams", str(streams)]
     r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True,
                                   timeout=seconds + 60).stdout)
     r["per_cpu_s"] = r["decisions"] / max(r["server_cpu_s"], 1e-9)
@@ -66,10 +68,14 @@ def main():
         running.callback(redis.stop)
         sluice_pid = node.procs[0].pid
         targets = {
-            "sluice, 1 call per check": lambda t: run(app, "sluice", node.grpc[0], sluice_pid, t,
-                                                      args.seconds),
-            f"sluice, batching {BATCH}": lambda t: run(app, "sluice", node.grpc[0], sluice_pid, t,
-                                                       args.seconds, BATCH),
+            "sluice, 1 call per check, unary": lambda t: run(
+                app, "sluice", node.grpc[0], sluice_pid, t, args.seconds, 0, 0),
+            "sluice, 1 call per check, stream": lambda t: run(
+                app, "sluice", node.grpc[0], sluice_pid, t, args.seconds, 0, 1),
+            f"sluice, batching {BATCH}, unary": lambda t: run(
+                app, "sluice", node.grpc[0], sluice_pid, t, args.seconds, BATCH, 0),
+            f"sluice, batching {BATCH}, stream": lambda t: run(
+                app, "sluice", node.grpc[0], sluice_pid, t, args.seconds, BATCH, 1),
             "redis-rs multiplexed": lambda t: run(app, "redis", redis.addr, redis.proc.pid, t,
                                                   args.seconds),
         }

@@ -2,8 +2,9 @@
 //! "what an app really sees" row): `--tasks` concurrent tasks in one
 //! process, each deciding one key at a time in a closed loop, through
 //!
-//! - `sluice`: `sluice-client` on one channel, with `--batching N` (0: one
-//!   `Check` call per decision), or
+//! - `sluice`: `sluice-client` to one address, with `--batching N` (0: one
+//!   `Check` call per decision), its calls on a `CheckStream` or, with
+//!   `--streams 0`, unary; or
 //! - `redis`: redis-rs's `MultiplexedConnection` (one connection, requests
 //!   of all tasks pipelined on it automatically) running the token-bucket
 //!   Lua script `sluice bench --target redis` runs, by `EVALSHA`.
@@ -31,6 +32,8 @@ struct Args {
     seconds: f64,
     keys: u64,
     batching: usize,
+    /// `sluice-client`'s `CheckStream` (1, its default) or unary calls (0).
+    streams: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -42,6 +45,7 @@ fn parse() -> Result<Args, String> {
         seconds: 4.0,
         keys: 10_000,
         batching: 0,
+        streams: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -67,6 +71,7 @@ fn parse() -> Result<Args, String> {
             }
             "--keys" => args.keys = number("--keys")?.max(1),
             "--batching" => args.batching = number("--batching")? as usize,
+            "--streams" => args.streams = number("--streams")? != 0,
             _ => return Err(format!("{flag}: unknown flag")),
         }
     }
@@ -211,6 +216,7 @@ async fn run<D: Decide>(target: D, args: &Args) -> Result<serde_json::Value, Str
     Ok(serde_json::json!({
         "target": args.target,
         "batching": args.batching,
+        "streams": args.streams,
         "tasks": args.tasks,
         "seconds": seconds.as_secs_f64(),
         "decisions": tally.decided.load(Ordering::Relaxed),
@@ -247,7 +253,7 @@ fn main() {
             let mut builder = Client::builder([args.addr.clone()])
                 // Throughput, not the fallback: a slow answer still counts.
                 .deadline(Duration::from_secs(2));
-            builder = builder.batching(args.batching);
+            builder = builder.batching(args.batching).streams(args.streams);
             let client = builder.build().map_err(|e| format!("--addr: {e}"))?;
             run(Sluice(client), &args).await
         }
