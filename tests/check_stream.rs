@@ -2,8 +2,8 @@
 //! through `sluice-client`: calls matched by id, in any order, each meeting
 //! the bounds a unary call meets (the batch bound, the node's budget of
 //! calls in progress); a call cancelled mid-flight gives its place back and
-//! is not answered; an id in flight is not taken twice; a quiet stream is
-//! ended; a stopping node ends its streams rather than waiting on them; and
+//! is not answered; an id in flight twice ends the stream; a quiet stream
+//! is ended; a stopping node ends its streams rather than waiting on them; and
 //! `sluice-client` falls back to unary calls on a node without streams.
 
 mod common;
@@ -150,14 +150,16 @@ async fn calls_are_answered_by_id_each_within_a_calls_bounds() {
 }
 
 /// Calls held in flight by a forward to an owner cut off (answered by the
-/// fallback at the forward timeout): a second call with a held id is
-/// refused; the node's budget of calls in progress counts each message; a
-/// cancelled call gives its place back and gets no answer.
+/// fallback at the forward timeout, 10 s: every step below comes well
+/// before it): the node's budget of calls in progress counts each
+/// message; a cancelled call gives its place back at once and gets no
+/// answer; a call reusing an id in flight ends the stream, once what is in
+/// flight is answered.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_call_in_flight_is_counted_cancelled_and_not_taken_twice() {
     let nodes = cluster(2, |c| {
         c.limits.max_in_flight_checks = 2;
-        c.cluster.forward_timeout = Duration::from_secs(4);
+        c.cluster.forward_timeout = Duration::from_secs(10);
         c.cluster.breaker_failures = 1_000_000;
     })
     .await;
@@ -170,23 +172,14 @@ async fn a_call_in_flight_is_counted_cancelled_and_not_taken_twice() {
     let in_flight = || metrics.in_flight.get();
 
     let mut stream = open(n).await;
+    let started = std::time::Instant::now();
     stream.call(1, vec![inline("st", &slow, 10, 60_000)]).await;
-    eventually("call 1 in flight", Duration::from_secs(10), || async {
-        in_flight() == 1
-    })
-    .await;
-    stream.call(1, vec![inline("st", &local, 10, 60_000)]).await;
-    let dup = stream.next().await;
-    assert_eq!(dup.id, 1);
-    let e = dup.error.expect("an id in flight is refused");
-    assert_eq!(e.code, tonic::Code::InvalidArgument as i32, "{e:?}");
-    assert!(e.message.starts_with("id:"), "{e:?}");
     stream
         .call(2, vec![inline("st2", &slower, 10, 60_000)])
         .await;
     eventually(
         "calls 1 and 2 in flight",
-        Duration::from_secs(10),
+        Duration::from_secs(5),
         || async { in_flight() == 2 },
     )
     .await;
@@ -196,24 +189,41 @@ async fn a_call_in_flight_is_counted_cancelled_and_not_taken_twice() {
     assert_eq!(shed.id, 3, "{shed:?}");
     let r = &shed.check.expect("answered").responses[0];
     assert_eq!(r.reason, pb::Reason::Overloaded as i32, "{r:?}");
-    // Cancelled: its place in the budget is given back at once.
+    // Cancelled: its place in the budget is given back at once (long
+    // before its forward would have timed out).
     stream.cancel(1).await;
-    eventually("call 1 gone", Duration::from_secs(10), || async {
+    eventually("call 1 gone", Duration::from_secs(3), || async {
         in_flight() == 1
     })
     .await;
-    let rest = stream.close().await;
-    let ids: Vec<u64> = rest.iter().map(|a| a.id).collect();
-    assert_eq!(
-        ids,
-        [2],
-        "call 2 answered, call 1 (cancelled) not: {rest:?}"
+    // Call 2's id again, while it is in flight: the stream reads no more,
+    // answers call 2 (the fallback, at the forward timeout) and ends.
+    stream.call(2, vec![inline("st", &local, 10, 60_000)]).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(9),
+        "the steps above came before the forward timeout"
     );
-    let r = &rest[0].check.as_ref().unwrap().responses[0];
+    let Stream { tx, mut answers } = stream;
+    let answer = tokio::time::timeout(Duration::from_secs(30), answers.message())
+        .await
+        .expect("call 2 answered")
+        .expect("the stream is whole")
+        .expect("an answer");
+    assert_eq!(
+        answer.id, 2,
+        "call 1 (cancelled) is never answered: {answer:?}"
+    );
+    let r = &answer.check.as_ref().unwrap().responses[0];
     assert_eq!(r.path, pb::Path::Fallback as i32, "{r:?}");
+    let end = tokio::time::timeout(Duration::from_secs(30), answers.message())
+        .await
+        .expect("the stream ends");
+    let status = end.expect_err("ended for the reused id");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().starts_with("id: 2"), "{status:?}");
+    drop(tx);
     assert_eq!(in_flight(), 0);
-    // The cancelled call was never decided: the shed and the duplicate
-    // spent nothing either. (n decides `slow` again once the link heals.)
+    // Neither the shed call nor the one refused for its id spent anything.
     n.node.faults.heal();
     let fresh = n.check(inline("st", &local, 10, 60_000)).await;
     assert_eq!(fresh.remaining, 9, "{fresh:?}");

@@ -16,13 +16,20 @@
 //! away stops a unary one (between the limiter's slices; a bulk call, once
 //! started, is decided to its end).
 //!
+//! A call whose id is in flight already ends the stream (INVALID_ARGUMENT,
+//! once what is in flight is answered): an answer under that id would be
+//! taken for the first call's.
+//!
 //! A stream adds bounds of its own:
-//! - at most [`IN_FLIGHT`] calls at once: the driver reads no message
-//!   while that many are out, and no message while an answer waits for
-//!   the client to read — HTTP/2's flow control then holds the client
-//!   back, rather than a queue growing here;
+//! - at most [`IN_FLIGHT`] calls at once, counting answers the client has
+//!   not read yet: the driver reads no message while that many are out —
+//!   HTTP/2's flow control then holds the client back, rather than a
+//!   queue growing here. Calls already in flight go on being decided
+//!   while the client reads slowly, so they give their places in
+//!   `max_in_flight_checks` back (a stream whose client stops reading
+//!   holds none of the node's budget, only its own 64 answers);
 //! - `idle_connection_timeout`: a stream with no call in flight and none
-//!   received for that long is ended (OK; the client opens another when
+//!   received for that long (a `cancel` is no call) is ended (OK; the client opens another when
 //!   it needs one), so an open stream does not keep its connection from
 //!   counting as idle for ever (`idle.rs` counts a stream as a call);
 //! - stopping: no further message is read, what is in flight is answered,
@@ -33,7 +40,7 @@
 //! client goes away (the answers' receiver is dropped) they are dropped
 //! with it, as a unary call's handler is.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use futures::StreamExt as _;
@@ -85,27 +92,34 @@ async fn drive(
     let _open = Open(metrics.check_streams.clone());
     let mut calls = FuturesUnordered::new();
     let mut in_flight: HashMap<u64, InFlight> = HashMap::new();
+    // Answers ready and not yet taken by the client: calls go on being
+    // decided (and give their place in admission back) while it reads
+    // slowly. With `calls`, at most IN_FLIGHT.
+    let mut outbox: VecDeque<pb::CheckStreamResponse> = VecDeque::new();
     let mut serial = 0u64;
     // False once the client half-closed, its stream failed, or the node is
     // stopping: what is in flight is answered, then the stream ends.
     let mut reading = true;
     let mut stopped = false;
+    // How the stream ends when it does not end OK: a call with an id in
+    // flight (the client's bug), a broken request stream (its status).
+    let mut ending: Option<Status> = None;
     let quiet = tokio::time::sleep(idle);
     tokio::pin!(quiet);
-    while reading || !calls.is_empty() {
+    while reading || !calls.is_empty() || !outbox.is_empty() {
         tokio::select! {
             biased;
             // The client went away: its calls are dropped with `calls`.
             () = tx.closed() => return,
+            room = tx.reserve(), if !outbox.is_empty() => match (room, outbox.pop_front()) {
+                (Ok(room), Some(answer)) => room.send(Ok(answer)),
+                _ => return,
+            },
             Some((id, of, answer)) = calls.next(), if !calls.is_empty() => {
                 if in_flight.get(&id).is_some_and(|c: &InFlight| c.serial == of) {
                     in_flight.remove(&id);
                 }
-                if let Some(answer) = answer
-                    && tx.send(Ok(answer)).await.is_err()
-                {
-                    return;
-                }
+                outbox.extend(answer);
                 if calls.is_empty() {
                     quiet.as_mut().reset(Instant::now() + idle);
                 }
@@ -114,16 +128,20 @@ async fn drive(
                 stopped = true;
                 reading = false;
             }
-            message = inbound.message(), if reading && calls.len() < IN_FLIGHT => {
+            message = inbound.message(), if reading && calls.len() + outbox.len() < IN_FLIGHT => {
                 let m = match message {
-                    Ok(Some(m)) => {
-                        quiet.as_mut().reset(Instant::now() + idle);
-                        m
-                    }
-                    // Half-closed, or broken (a client that is gone is
-                    // seen by `tx.closed()`): answer what is in flight.
-                    Ok(None) | Err(_) => {
+                    Ok(Some(m)) => m,
+                    // Half-closed: answer what is in flight, end OK.
+                    Ok(None) => {
                         reading = false;
+                        continue;
+                    }
+                    // Broken (a message too large, undecodable; a client
+                    // that is gone is seen by `tx.closed()`): answer what
+                    // is in flight, then say why.
+                    Err(status) => {
+                        reading = false;
+                        ending = Some(status);
                         continue;
                     }
                 };
@@ -133,15 +151,20 @@ async fn drive(
                     }
                     continue;
                 }
+                // An id in flight twice: answering the second under it
+                // would be read as the first's answer. The client is
+                // broken: what is in flight is answered, and the stream
+                // ends saying so.
                 if in_flight.contains_key(&m.id) {
-                    let refused = refusal(m.id, &Status::invalid_argument(
-                        "id: a call with this id is in flight on this stream",
-                    ));
-                    if tx.send(Ok(refused)).await.is_err() {
-                        return;
-                    }
+                    reading = false;
+                    ending = Some(Status::invalid_argument(format!(
+                        "id: {} is in flight on this stream already", m.id
+                    )));
                     continue;
                 }
+                // Only a call keeps the stream from being idle (a trickle
+                // of stray cancels does not).
+                quiet.as_mut().reset(Instant::now() + idle);
                 metrics.stream_calls.inc();
                 let arrived = Instant::now();
                 let budget = (m.timeout_us > 0).then(|| Duration::from_micros(m.timeout_us));
@@ -164,15 +187,20 @@ async fn drive(
                     (id, of, answer)
                 }));
             }
-            () = &mut quiet, if reading && calls.is_empty() => break,
+            () = &mut quiet, if reading && calls.is_empty() && outbox.is_empty() => break,
         }
     }
-    if stopped {
-        let _ = tx
-            .send(Err(Status::unavailable(
-                "this node is stopping: open a stream to another",
-            )))
-            .await;
+    // Said if there is room (a client that reads nothing more sees the
+    // stream end without it, and opens another all the same).
+    let ending = match (stopped, ending) {
+        (_, Some(status)) => Some(status),
+        (true, None) => Some(Status::unavailable(
+            "this node is stopping: open a stream to another",
+        )),
+        (false, None) => None,
+    };
+    if let Some(status) = ending {
+        let _ = tx.try_send(Err(status));
     }
 }
 

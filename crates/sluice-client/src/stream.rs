@@ -9,9 +9,15 @@
 //! after it ended, sends calls, and hands each answer to its caller by id.
 //! Calls go round the lanes, skipping one whose stream could not be
 //! opened for [`DOWN_FOR`]. What a unary call does, a streamed one does:
-//! - a call has the client's deadline, sent with it (`timeout_us`), and a
-//!   caller that stops waiting (its deadline passed, or its future was
-//!   dropped) sends `cancel` — the node stops deciding it;
+//! - a call has the client's deadline, and the time it has left goes with
+//!   it (`timeout_us`); a caller that stops waiting (its deadline passed,
+//!   or its future was dropped) sends `cancel` — the node stops deciding
+//!   it; at most 64 calls are out on a stream (what the node reads), the
+//!   rest wait in the lane, and one whose caller gave up is never sent;
+//! - a stream that cannot be opened (within [`OPEN_WITHIN`], not a call's
+//!   deadline: a cold connection is not a dead node), or that the node
+//!   ended as it stopped, makes the lane skipped for [`DOWN_FOR`]: its
+//!   calls fail at once, unsent;
 //! - a stream that breaks fails every call in flight on it: their callers
 //!   decide by `on_unavailable`, as for a failed call. Nothing is resent:
 //!   a call may have been applied;
@@ -19,7 +25,7 @@
 //!   that does not pass streams) gets unary calls for [`UNARY_FOR`], then
 //!   is tried again (a rolling upgrade reaches it).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -37,6 +43,13 @@ const UNARY_FOR: Duration = Duration::from_secs(60);
 /// Calls queued for one lane at most (beyond: the call fails at once, and
 /// its caller decides by `on_unavailable`).
 const QUEUED: usize = 1_024;
+/// Calls out on one stream at most: what the node reads of one stream
+/// (`RateLimiter/CheckStream`).
+const IN_FLIGHT: usize = 64;
+/// How long a stream may take to open (a connection, its handshake),
+/// whatever the first call's deadline: a cold connection slower than a
+/// 5 ms deadline is not a node down.
+const OPEN_WITHIN: Duration = Duration::from_secs(2);
 
 /// How a call ended.
 pub(crate) enum Called {
@@ -89,13 +102,16 @@ struct Lane {
 }
 
 enum Op {
-    Call {
-        id: u64,
-        requests: Vec<pb::RateLimitRequest>,
-        timeout: Duration,
-        answer: oneshot::Sender<Answer>,
-    },
+    Call(Call),
     Cancel(u64),
+}
+
+/// A call for the lane: sent with what is left of its time when it goes.
+struct Call {
+    id: u64,
+    requests: Vec<pb::RateLimitRequest>,
+    deadline: Instant,
+    answer: oneshot::Sender<Answer>,
 }
 
 enum Answer {
@@ -154,13 +170,14 @@ impl Streams {
             return unary(lane.rpc.clone(), requests, timeout).await;
         }
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        let deadline = Instant::now() + timeout;
         let (answer, rx) = oneshot::channel();
-        let op = Op::Call {
+        let op = Op::Call(Call {
             id,
             requests,
-            timeout,
+            deadline,
             answer,
-        };
+        });
         if lane.ops.try_send(op).is_err() {
             return Called::Failed;
         }
@@ -169,7 +186,7 @@ impl Streams {
             id,
             answered: false,
         };
-        let answer = tokio::time::timeout(timeout, rx).await;
+        let answer = tokio::time::timeout_at(deadline, rx).await;
         waiting.answered = true;
         match answer {
             Ok(Ok(Answer::Check(r))) => Called::Answered(r.responses),
@@ -180,8 +197,10 @@ impl Streams {
                     Called::Failed
                 }
             }
+            // What is left of its time, not a new deadline.
             Ok(Ok(Answer::Unimplemented(requests))) => {
-                unary(lane.rpc.clone(), requests, timeout).await
+                let left = deadline.saturating_duration_since(Instant::now());
+                unary(lane.rpc.clone(), requests, left).await
             }
             // The deadline passed: the node is told to stop.
             Err(_) => {
@@ -243,6 +262,11 @@ fn millis(epoch: Instant) -> u64 {
 /// One lane: open a stream on its first call, drive it until it ends,
 /// and again. Ends when every sender of `ops` is gone (the client was
 /// dropped), half-closing its stream.
+///
+/// At most [`IN_FLIGHT`] calls are out on the stream (the node reads no
+/// more); the rest wait here, and one whose caller gave up meanwhile is
+/// never sent — sent, the node would decide it for nobody (a cancel would
+/// queue behind it).
 async fn drive(
     mut rpc: RateLimiterClient<Channel>,
     mut ops: mpsc::Receiver<Op>,
@@ -250,33 +274,42 @@ async fn drive(
     down_until: Arc<AtomicU64>,
     unary_until: Arc<AtomicU64>,
 ) {
+    let mut waiting: VecDeque<Call> = VecDeque::new();
     loop {
-        // No stream: the next call opens one (while the node has none,
-        // each call goes back to its caller, to be made unary).
-        let (id, requests, timeout, answer) = loop {
-            match ops.recv().await {
-                None => return,
-                Some(Op::Call {
-                    requests, answer, ..
-                }) if unary_until.load(Ordering::Relaxed) > millis(epoch) => {
-                    let _ = answer.send(Answer::Unimplemented(requests));
-                }
-                Some(Op::Call {
-                    id,
-                    requests,
-                    timeout,
-                    answer,
-                }) if !answer.is_closed() => break (id, requests, timeout, answer),
-                Some(_) => {}
+        // No stream: the next live call opens one. While the node has no
+        // streams each call goes back to its caller, to be made unary;
+        // while its last opening failed, each fails at once (unsent).
+        let first = loop {
+            let call = match waiting.pop_front() {
+                Some(call) => call,
+                None => match ops.recv().await {
+                    None => return,
+                    Some(Op::Call(call)) => call,
+                    Some(Op::Cancel(_)) => continue,
+                },
+            };
+            let now = millis(epoch);
+            if call.answer.is_closed() || down_until.load(Ordering::Relaxed) > now {
+                continue;
             }
+            if unary_until.load(Ordering::Relaxed) > now {
+                let _ = call.answer.send(Answer::Unimplemented(call.requests));
+                continue;
+            }
+            break call;
         };
-        let (out, outgoing) = mpsc::channel(QUEUED);
+        let (out, outgoing) = mpsc::channel(IN_FLIGHT + 1);
         // Kept until the stream is open: a node without streams gets it unary.
-        let first = requests.clone();
-        let _ = out.try_send(message(id, requests, timeout));
-        let mut pending: HashMap<u64, oneshot::Sender<Answer>> = HashMap::new();
+        let requests = first.requests.clone();
+        let Call {
+            id,
+            deadline,
+            answer,
+            ..
+        } = first;
+        let _ = out.try_send(message(id, requests.clone(), deadline));
         let opened = tokio::time::timeout(
-            timeout,
+            OPEN_WITHIN,
             rpc.check_stream(tokio_stream::wrappers::ReceiverStream::new(outgoing)),
         )
         .await;
@@ -285,29 +318,44 @@ async fn drive(
             Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
                 let until = millis(epoch).saturating_add(UNARY_FOR.as_millis() as u64);
                 unary_until.store(until, Ordering::Relaxed);
-                let _ = answer.send(Answer::Unimplemented(first));
+                let _ = answer.send(Answer::Unimplemented(requests));
                 continue;
             }
-            // Not reached, or not in time: this call fails (its caller
-            // decides by `on_unavailable`), and the lane is skipped a while.
+            // Not reached: this call fails (its caller decides by
+            // `on_unavailable`), and the lane is skipped a while.
             _ => {
                 let until = millis(epoch).saturating_add(DOWN_FOR.as_millis() as u64);
                 down_until.store(until, Ordering::Relaxed);
                 continue;
             }
         };
-        drop(first);
+        drop(requests);
+        let mut pending: HashMap<u64, oneshot::Sender<Answer>> = HashMap::new();
         pending.insert(id, answer);
         loop {
+            // Send what waits, while there is room on the stream.
+            while pending.len() < IN_FLIGHT
+                && let Some(call) = waiting.pop_front()
+            {
+                if call.answer.is_closed() || call.deadline <= Instant::now() {
+                    continue;
+                }
+                let Call {
+                    id,
+                    requests,
+                    deadline,
+                    answer,
+                } = call;
+                if out.try_send(message(id, requests, deadline)).is_ok() {
+                    pending.insert(id, answer);
+                }
+            }
             tokio::select! {
                 op = ops.recv() => match op {
                     None => return,
-                    Some(Op::Call { id, requests, timeout, answer }) => {
-                        if answer.is_closed() {
-                            continue;
-                        }
-                        if out.try_send(message(id, requests, timeout)).is_ok() {
-                            pending.insert(id, answer);
+                    Some(Op::Call(call)) => {
+                        if waiting.len() < QUEUED {
+                            waiting.push_back(call);
                         }
                     }
                     Some(Op::Cancel(id)) => {
@@ -329,24 +377,34 @@ async fn drive(
                             });
                         }
                     }
-                    // Ended or broken: the calls in flight on it fail
-                    // (dropped senders); the next call opens another.
-                    Ok(None) | Err(_) => break,
+                    // Ended (idle) or broken: the calls in flight on it
+                    // fail (dropped senders); the next call opens another.
+                    // A node stopping ends it UNAVAILABLE: skip it a while.
+                    Ok(None) => break,
+                    Err(status) => {
+                        if status.code() == tonic::Code::Unavailable {
+                            let until = millis(epoch).saturating_add(DOWN_FOR.as_millis() as u64);
+                            down_until.store(until, Ordering::Relaxed);
+                        }
+                        break;
+                    }
                 },
             }
         }
     }
 }
 
+/// A call's message, with the time it has left as of now.
 fn message(
     id: u64,
     requests: Vec<pb::RateLimitRequest>,
-    timeout: Duration,
+    deadline: Instant,
 ) -> pb::CheckStreamRequest {
+    let left = deadline.saturating_duration_since(Instant::now());
     pb::CheckStreamRequest {
         id,
         check: Some(pb::CheckRequest { requests }),
-        timeout_us: u64::try_from(timeout.as_micros()).unwrap_or(u64::MAX),
+        timeout_us: u64::try_from(left.as_micros()).unwrap_or(u64::MAX).max(1),
         cancel: false,
     }
 }
