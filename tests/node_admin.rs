@@ -180,7 +180,7 @@ async fn reflection_lists_and_describes_the_api() {
         panic!("expected file descriptors");
     };
     // The file asked for (the one defining `sluice.v1.RateLimiter`) is
-    // there, with the service and its one method.
+    // there, with the service and its two methods.
     let files: Vec<prost_types::FileDescriptorProto> = files
         .file_descriptor_proto
         .iter()
@@ -202,7 +202,7 @@ async fn reflection_lists_and_describes_the_api() {
         .find(|s| s.name() == "RateLimiter")
         .unwrap();
     let methods: Vec<&str> = service.method.iter().map(|m| m.name()).collect();
-    assert_eq!(methods, ["Check"]);
+    assert_eq!(methods, ["Check", "CheckStream"]);
 
     let mut alpha = Alpha::new(n.channel.clone());
     let requests = tokio_stream::iter(vec![AlphaRequest {
