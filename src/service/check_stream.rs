@@ -41,6 +41,7 @@
 //! with it, as a unary call's handler is.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt as _;
@@ -69,7 +70,9 @@ pub fn serve(
     stopping: CancellationToken,
 ) -> Answers {
     let (tx, rx) = mpsc::channel(IN_FLIGHT);
-    tokio::spawn(drive(service, calls, tx, idle, stopping));
+    // Shared by the stream's calls: one count per call, not a copy of the
+    // service's handles and bounds.
+    tokio::spawn(drive(Arc::new(service), calls, tx, idle, stopping));
     ReceiverStream::new(rx)
 }
 
@@ -81,7 +84,7 @@ struct InFlight {
 }
 
 async fn drive(
-    service: RateLimiterService,
+    service: Arc<RateLimiterService>,
     mut inbound: Streaming<pb::CheckStreamRequest>,
     tx: mpsc::Sender<Result<pb::CheckStreamResponse, Status>>,
     idle: Duration,
