@@ -261,7 +261,17 @@ impl Doubts {
         let mut sorted = gone.clone();
         sorted.sort();
         let ended_before = Self::was_done(&self.done(), &sorted);
-        if !gone.is_empty() && !known && !ended_before {
+        // Opened only over a ring this process was a member of: a node
+        // not in it (new, or back as a new member) read that ring from
+        // gossip as it first heard it — members the cluster had buried
+        // already may stand in it, and the rings the cluster went through
+        // since are not among its own. Its losses are the peers' to
+        // publish (simulator seed 937 of `--mix any`: a new node's first
+        // ring still held an owner's earlier replica holder, paused and
+        // replaced since; the owner and its new holder crashed, and the
+        // new node read the old holder, back, as the holder of record and
+        // answered exactly from its stale copy).
+        if !gone.is_empty() && !known && !ended_before && member {
             regions.push(Region::new(
                 c.previous.clone(),
                 gone,
@@ -323,6 +333,7 @@ impl Doubts {
                 zones: r.zones_of_losses(),
                 remaining: std::time::Duration::from_nanos(r.until.saturating_sub(now)),
                 untold: r.untold_pairs(me),
+                ring: r.named,
             })
             .collect()
     }
@@ -345,6 +356,7 @@ impl Doubts {
         me: &Heard,
         now: Nanos,
     ) -> usize {
+        let me_heard = me;
         let (born, now_as) = (me.born, me.generation);
         let me = &*me.node_id;
         let mut regions = self.regions();
@@ -426,32 +438,15 @@ impl Doubts {
             if full || few || Self::was_done(&done, &gone) {
                 continue;
             }
-            // Members gone take the places they had; the rest of the ring
-            // now stands for the rest of that ring. This node was in it
-            // as this process when the publisher named it, else only as a
-            // generation gone (a new node id was not there at all; one
-            // that was there and live saw the change and holds its own
-            // region).
-            let previous = ring
-                .members()
-                .iter()
-                .filter(|m| {
-                    (named_me || &*m.node_id != me) && !lost.iter().any(|(id, _)| *id == m.node_id)
-                })
-                .cloned()
-                .chain(lost.iter().map(|(id, g)| Member {
-                    node_id: id.clone(),
-                    generation: *g,
-                    zone: p.zone_of(id),
-                    ..Member::default()
-                }));
+            let previous = rebuild(ring, p, &lost, me_heard, named_me);
             let remaining = (p.remaining.as_nanos().min(u64::MAX as u128) as u64).min(self.grace);
             let until = now.saturating_add(remaining);
             regions.push(Region::adopted(
-                Arc::new(Ring::new(previous)),
+                Arc::new(previous),
                 gone,
                 &lost,
                 &p.untold,
+                p.ring,
                 until,
                 self.grace,
             ));
@@ -548,6 +543,89 @@ impl Doubts {
 }
 
 /// A key's 64-bit hash, for the counts (a collision only undercounts).
+/// The ring a peer's word `p` began in, rebuilt here: the members gone take
+/// the places they had; the rest of this node's ring `ring` stands for the
+/// rest of that ring. This node (`me`) is in it as this process only when
+/// the word named it so (`named_me`), else left out: a new node id was not
+/// there at all; named at an older generation of this process, its keys
+/// moved off it meanwhile (kept in, it stood as the next holder of a key
+/// whose later holders were lost, and answered it exactly from its copy
+/// from before a pause — a cold review); one that was there and live saw
+/// the change and holds its own region, or rejoined since and forgot it.
+///
+/// A member that joined (or rejoined, as a new generation) since stands in
+/// that rebuild as if it had been there, and as a live holder of record it
+/// hides keys whose real holders were both lost (simulator seed 937 of
+/// `--mix any`: a paused replica holder, replaced and back as a new
+/// generation, held a copy from before its replacement). So where the word
+/// names its ring, members newer than that ring's newest are left out, and
+/// the rebuild must come to the ring named — up to this node's own place,
+/// tried at the generations its process had and the word names. One that
+/// does not (a member that joined and left since; one back at its old
+/// generation) is read from the losses alone: each key's owner and holder
+/// there are lost members, so every key one of them owned is in doubt here
+/// for the grace — more doubt than the publisher's, on the safe side, and
+/// only on a node that did not see the change. A word that names no ring
+/// (an earlier release's) is rebuilt as before.
+fn rebuild(
+    ring: &Ring,
+    p: &PublishedDoubt,
+    lost: &[(Arc<str>, u64)],
+    me: &Heard,
+    named_me: bool,
+) -> Ring {
+    let (epoch, newest) = p.ring;
+    let is_lost = |id: &Arc<str>| lost.iter().any(|(l, _)| l == id);
+    let lost_members = lost.iter().map(|(id, g)| Member {
+        node_id: id.clone(),
+        generation: *g,
+        zone: p.zone_of(id),
+        ..Member::default()
+    });
+    let mine = ring
+        .members()
+        .iter()
+        .filter(|m| named_me && m.node_id == me.node_id && !is_lost(&m.node_id));
+    let others = ring.members().iter().filter(|m| {
+        m.node_id != me.node_id && !is_lost(&m.node_id) && (epoch == 0 || m.generation <= newest)
+    });
+    let members: Vec<Member> = others
+        .chain(mine.clone())
+        .cloned()
+        .chain(lost_members.clone())
+        .collect();
+    let rebuilt = Ring::new(members.iter().cloned());
+    if epoch == 0 || rebuilt.epoch() == epoch {
+        return rebuilt;
+    }
+    // Left out, this node is tried in its place to check the rest.
+    let me_then = ring.member(&me.node_id).cloned().unwrap_or_else(|| Member {
+        node_id: me.node_id.clone(),
+        zone: p.zone_of(&me.node_id),
+        ..Member::default()
+    });
+    let named = p.gone.iter().filter(|(id, _)| *id == me.node_id);
+    let generations = [me.born, me.generation]
+        .into_iter()
+        .chain(named.map(|(_, g)| *g));
+    for generation in generations.filter(|_| !named_me) {
+        let as_then = Member {
+            generation,
+            ..me_then.clone()
+        };
+        let tried = Ring::new(members.iter().cloned().chain([as_then]));
+        if tried.epoch() == epoch {
+            return rebuilt;
+        }
+    }
+    tracing::debug!(
+        lost = lost.len(),
+        ring = ?ring.members().iter().map(|m| (&*m.node_id, m.generation)).collect::<Vec<_>>(),
+        "a peer's region of doubt rebuilt from its losses alone: the ring it names is not this node's with them"
+    );
+    Ring::new(mine.cloned().chain(lost_members))
+}
+
 fn key_hash(k: &[u8]) -> u64 {
     use std::hash::Hasher;
     // Fixed keys: the same key hashes the same every time.

@@ -428,3 +428,93 @@ fn of_two_losses_after_the_rejoin_only_the_one_held_is_seen() {
     assert!(in_doubt(&key_of(&before, "a", "d")), "b's own region");
     assert!(!in_doubt(&key_of(&before, "a", "c")), "c lives");
 }
+
+/// Simulator seed 937 of `--mix any`: e, k's replica holder under a
+/// (ring `a..e`), was paused and replaced — in `a..d` k's holder is b —
+/// then a and b crashed together. e, back as a new generation, still held
+/// its copy from before its replacement. A new node n, adopting c's word
+/// over `a..d`, rebuilt that ring from its own (c, d, e, n) and the
+/// losses: e stood in it as k's holder of record, live, and n answered k
+/// exactly from e's stale copy. The word names its ring: e, newer than
+/// it, is left out, and the rebuild is the ring the fault began in.
+#[test]
+fn a_member_back_since_as_a_new_generation_is_no_holder_of_a_word_it_was_not_in() {
+    let with_e = ring(&["a", "b", "c", "d", "e"]);
+    let before = ring(&["a", "b", "c", "d"]);
+    let now = Arc::new(Ring::new([
+        member("c", 1),
+        member("d", 1),
+        member("e", 5),
+        member("n", 6),
+    ]));
+    let k = key_where(&with_e, "a", "e", |k| {
+        &*before.successor(k).unwrap().node_id == "b" && &*now.owner(k).unwrap().node_id == "n"
+    });
+    let survivor = Doubts::new(10 * S);
+    change(&survivor, "c", &before, &live(&["d"]), S);
+    let word = survivor.published(S, &anyone());
+    assert_eq!(word[0].ring, (before.epoch(), 1), "the word names its ring");
+    let hears = [heard("c", 1, 1), heard("d", 1, 1), heard("e", 1, 5)];
+    let n = Doubts::new(10 * S);
+    assert_eq!(n.adopt(&word, &now, &hears, &heard("n", 6, 6), S), 1);
+    let mut ended = Ended::default();
+    assert!(
+        n.in_doubt(&k, 2 * S, &mut ended, &anyone()),
+        "a and b held it last, both lost"
+    );
+    // The same word unnamed (an earlier release's) is rebuilt with e in it.
+    let unnamed: Vec<PublishedDoubt> = word
+        .iter()
+        .map(|w| PublishedDoubt {
+            ring: (0, 0),
+            ..w.clone()
+        })
+        .collect();
+    let trusting = Doubts::new(10 * S);
+    assert_eq!(
+        trusting.adopt(&unnamed, &now, &hears, &heard("n", 6, 6), S),
+        1
+    );
+    assert!(!trusting.in_doubt(&k, 2 * S, &mut ended, &anyone()));
+
+    // A rebuild that cannot come to the ring named — f was in it and left
+    // cleanly since, so it stands nowhere now — is read from the losses
+    // alone: every key a or b owned there is in doubt, k's sibling whose
+    // holder was f too.
+    let with_f = ring(&["a", "b", "c", "d", "f"]);
+    let k_af = key_where(&with_f, "a", "f", |k| {
+        &*now.owner(k).unwrap().node_id == "n"
+    });
+    let survivor_f = Doubts::new(10 * S);
+    change(&survivor_f, "c", &with_f, &live(&["d", "f"]), S);
+    let word_f = survivor_f.published(S, &anyone());
+    let n_f = Doubts::new(10 * S);
+    assert_eq!(n_f.adopt(&word_f, &now, &hears, &heard("n", 6, 6), S), 1);
+    assert!(n_f.in_doubt(&k, 2 * S, &mut ended, &anyone()));
+    assert!(
+        n_f.in_doubt(&k_af, 2 * S, &mut ended, &anyone()),
+        "the safe side: f's copy cannot be told from a newcomer's"
+    );
+}
+
+/// A node rejoined since (a new generation of the same process) that was
+/// in the ring the word names is left out of the rebuild, as before: it
+/// is tried in its place, at the generations its process had, only to
+/// check the rest — which then stands, not the losses alone.
+#[test]
+fn a_rejoined_adopter_checks_the_rebuild_at_the_generation_it_had() {
+    let before = ring(&["a", "b", "c", "d"]);
+    let survivor = Doubts::new(10 * S);
+    change(&survivor, "d", &before, &live(&["c"]), S);
+    let word = survivor.published(S, &anyone());
+    // c rejoined as generation 4 and forgot its regions.
+    let now = Arc::new(Ring::new([member("c", 4), member("d", 1)]));
+    let c = Doubts::new(10 * S);
+    assert_eq!(c.adopt(&word, &now, &live(&["d"]), &heard("c", 1, 4), S), 1);
+    let r = &c.regions()[0];
+    assert_eq!(
+        r.previous.epoch(),
+        ring(&["a", "b", "d"]).epoch(),
+        "c left out"
+    );
+}

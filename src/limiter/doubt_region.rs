@@ -17,7 +17,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use crate::algorithm::Nanos;
-use crate::cluster::membership::doubts::MAX_UNTOLD;
+use crate::cluster::membership::doubts::{MAX_UNTOLD, RingName};
 use crate::cluster::membership::view::MAX_TOMBSTONES;
 use crate::cluster::ring::Ring;
 
@@ -66,6 +66,11 @@ pub(super) struct Region {
     /// decided in, so the owners' words about them mean what they say —
     /// an adopted region's rings are rebuilt, their epochs never named.
     opened_here: bool,
+    /// The ring before the first loss as the word names it: that of
+    /// `previous` where opened here, the word's where adopted (whatever
+    /// the rebuild came to: an adopter of this node's word checks its own
+    /// rebuild against the ring the fault began in).
+    pub(super) named: RingName,
 }
 
 impl Region {
@@ -78,6 +83,7 @@ impl Region {
         now: Nanos,
         grace: Nanos,
     ) -> Region {
+        let named = name_of(&previous);
         let mut r = Region {
             step_of: vec![None; previous.members().len()],
             lost_at: vec![0; previous.members().len()],
@@ -92,6 +98,7 @@ impl Region {
             overflow: 0,
             untold: Vec::new(),
             opened_here: true,
+            named,
         };
         r.lose(&gone, None, view, now);
         r
@@ -102,18 +109,20 @@ impl Region {
     /// heard here. The steps between its losses are not sent, so each loss
     /// is a step of its own (more rings only put more keys in doubt, never
     /// fewer), all as old as the time left says. `untold`: the holders the
-    /// word named untold by an owner.
+    /// word named untold by an owner; `named`: the ring the word named.
     pub(super) fn adopted(
         previous: Arc<Ring>,
         gone: Vec<(Arc<str>, u64)>,
         lost: &[(Arc<str>, u64)],
         untold: &[(Arc<str>, Arc<str>)],
+        named: RingName,
         until: Nanos,
         grace: Nanos,
     ) -> Region {
         let at = until.saturating_sub(grace);
         let mut r = Region::new(previous, Vec::new(), 0, at, grace);
         r.opened_here = false;
+        r.named = named;
         for l in lost {
             r.lose(std::slice::from_ref(l), None, 0, at);
         }
@@ -386,6 +395,12 @@ impl Region {
         }
         list
     }
+}
+
+/// How a word names `ring`: its epoch and its newest generation.
+pub(super) fn name_of(ring: &Ring) -> RingName {
+    let newest = ring.members().iter().map(|m| m.generation).max();
+    (ring.epoch(), newest.unwrap_or(0))
 }
 
 /// Whether an owner's protocol has no word for caught up (protocol 2,

@@ -62,6 +62,7 @@ pub(super) fn word_of(gone: &[(&str, u64)], secs: u64) -> Vec<PublishedDoubt> {
         zones: Vec::new(),
         remaining: std::time::Duration::from_secs(secs),
         untold: Vec::new(),
+        ring: (0, 0),
     }]
 }
 
@@ -530,4 +531,21 @@ fn a_member_lost_after_joining_is_published_with_its_zone() {
     for (id, zone) in [("c", "z1"), ("d", "z2"), ("e", "z3")] {
         assert_eq!(&*over_first.zone_of(id), zone, "{id}");
     }
+}
+
+/// A node not in the ring before a change (new, or back as a new member)
+/// opens no region of its own over it: that ring is gossip's as it first
+/// heard it — members buried already may stand in it (simulator seed 937
+/// of `--mix any`). Its peers' word is what it takes. The same losses
+/// seen by a member of that ring open one.
+#[test]
+fn a_node_not_in_the_ring_before_opens_no_region_over_it() {
+    let guessed = ring(&["a", "b", "c", "d", "e"]);
+    let newcomer = Doubts::new(10 * S);
+    change(&newcomer, "n", &guessed, &live(&["c", "d", "e"]), S);
+    assert!(newcomer.published(S, &anyone()).is_empty());
+    assert!(!newcomer.any());
+    let member = Doubts::new(10 * S);
+    change(&member, "c", &guessed, &live(&["d", "e"]), S);
+    assert_eq!(member.published(S, &anyone()).len(), 1);
 }

@@ -51,7 +51,19 @@ pub struct PublishedDoubt {
     /// untold holder for one, and answered a key exactly from nothing).
     /// At most [`MAX_UNTOLD`].
     pub untold: Vec<(Arc<str>, Arc<str>)>,
+    /// The ring before the change, named: its epoch and the newest
+    /// generation among its members (0, 0: not named — an earlier word).
+    /// An adopter rebuilds that ring from its own and the losses; a
+    /// member that joined or rejoined since stands in the rebuild as if
+    /// it had been there, and as a live holder of record it hides keys
+    /// whose real holders were lost (simulator seed 937 of `--mix any`).
+    /// A rebuild whose epoch is not this one is read from the losses
+    /// alone (`limiter/doubt.rs`).
+    pub ring: RingName,
 }
+
+/// A ring as a region's word names it: `(epoch, newest generation)`.
+pub type RingName = (u64, u64);
 
 impl PublishedDoubt {
     /// The zone `id` named; empty: none.
@@ -72,12 +84,14 @@ enum Lost {
     Plain(String, u64),
 }
 
-/// As gossiped: a JSON list of `[[[node_id, generation(, zone)], ...], ms]`
-/// — the shape of the previous release, which reads it. Untold holders go
-/// under a key of their own ([`encode_untold`]): that release reads a
-/// region with a third element as none at all.
+/// As gossiped: a JSON list of `[[[node_id, generation(, zone)], ...], ms,
+/// [ring epoch, newest generation]]`. A reader reads each region from its
+/// first two elements and what it knows after them (the third came after
+/// the first two; a reader without it reads the region as before). Untold
+/// holders go under a key of their own ([`encode_untold`]): they came
+/// before readers read past two elements.
 pub fn encode(regions: &[PublishedDoubt]) -> String {
-    let list: Vec<(Vec<Lost>, u64)> = regions
+    let list: Vec<(Vec<Lost>, u64, RingName)> = regions
         .iter()
         .take(MAX_PUBLISHED)
         .map(|r| {
@@ -88,7 +102,8 @@ pub fn encode(regions: &[PublishedDoubt]) -> String {
                     z => Lost::Zoned(id.to_string(), *g, z.to_string()),
                 })
                 .collect();
-            (gone, r.remaining.as_millis().min(u64::MAX as u128) as u64)
+            let ms = r.remaining.as_millis().min(u64::MAX as u128) as u64;
+            (gone, ms, r.ring)
         })
         .collect();
     serde_json::to_string(&list).unwrap_or_else(|_| "[]".into())
@@ -120,8 +135,8 @@ pub fn encode_untold(regions: &[PublishedDoubt]) -> String {
 /// A peer's regions, with the untold holders `untold` names for them;
 /// malformed counts as none, and at most [`MAX_PUBLISHED`] regions of
 /// [`MAX_TOMBSTONES`] members and [`MAX_UNTOLD`] untold holders are read.
-/// Each region is read from its first two elements: a later release may
-/// add more.
+/// Each region is read from its first three elements (the third may be
+/// missing): a later release may add more.
 pub fn parse(s: &str, untold: Option<&str>) -> Vec<PublishedDoubt> {
     let mut regions: Vec<PublishedDoubt> = serde_json::from_str::<Vec<Vec<serde_json::Value>>>(s)
         .unwrap_or_default()
@@ -131,11 +146,18 @@ pub fn parse(s: &str, untold: Option<&str>) -> Vec<PublishedDoubt> {
             let mut entry = entry.into_iter();
             let gone: Vec<Lost> = serde_json::from_value(entry.next()?).ok()?;
             let ms: u64 = serde_json::from_value(entry.next()?).ok()?;
+            // Malformed or missing: not named (the rebuild is trusted, as
+            // an earlier word's was).
+            let ring: RingName = entry
+                .next()
+                .and_then(|v| serde_json::from_value(v).ok())
+                .unwrap_or_default();
             let mut r = PublishedDoubt {
                 gone: Vec::new(),
                 zones: Vec::new(),
                 remaining: Duration::from_millis(ms),
                 untold: Vec::new(),
+                ring,
             };
             for lost in gone.into_iter().take(MAX_TOMBSTONES) {
                 let (id, g, zone): (Arc<str>, u64, Option<String>) = match lost {
@@ -184,24 +206,36 @@ mod tests {
             zones: vec![(Arc::from("c"), Arc::from("eu-1a"))],
             remaining: Duration::from_millis(9_500),
             untold: Vec::new(),
+            ring: (u64::MAX, 1_767_225_600_000),
         };
         let untold = PublishedDoubt {
             gone: vec![(Arc::from("c"), 3)],
             zones: Vec::new(),
             remaining: Duration::from_millis(100),
             untold: vec![(Arc::from("a"), Arc::from("c"))],
+            ring: (0, 0),
         };
         let both = [r.clone(), untold.clone()];
         assert_eq!(
             parse(&encode(&both), Some(&encode_untold(&both))),
             both.to_vec()
         );
-        // The previous release reads the regions as it always did (its
-        // type, with no untold holders), and a region a later release
-        // sends with more elements is read from its first two.
-        let old: Vec<(Vec<Lost>, u64)> = serde_json::from_str(&encode(&both)).unwrap();
-        assert_eq!(old.len(), 2);
-        assert_eq!(parse(r#"[[[["a",1],["b",2]],5,"more"]]"#, None).len(), 1);
+        // A reader of two elements reads every region (this release's
+        // word to the one before it), and a region sent with two, or
+        // with more than this release knows, is read from what it has.
+        let sent: Vec<Vec<serde_json::Value>> = serde_json::from_str(&encode(&both)).unwrap();
+        for region in sent {
+            let first_two = serde_json::Value::Array(region[..2].to_vec());
+            let _: (Vec<Lost>, u64) = serde_json::from_value(first_two).unwrap();
+        }
+        let earlier = parse(r#"[[[["a",1],["b",2]],5]]"#, None);
+        assert_eq!(earlier[0].ring, (0, 0), "not named");
+        let later = parse(r#"[[[["a",1],["b",2]],5,[7,9],"more"]]"#, None);
+        assert_eq!(later[0].ring, (7, 9));
+        assert_eq!(
+            parse(r#"[[[["a",1],["b",2]],5,"junk"]]"#, None)[0].ring,
+            (0, 0)
+        );
         // Untold holders name their region by its losses: for another
         // region, or none, they are not read.
         assert!(
@@ -228,8 +262,9 @@ mod tests {
                 zones: vec![(Arc::from("b"), Arc::from("z"))],
                 remaining: Duration::from_millis(5),
                 untold: Vec::new(),
+                ring: (3, 4),
             }]),
-            r#"[[[["a",1],["b",2,"z"]],5]]"#
+            r#"[[[["a",1],["b",2,"z"]],5,[3,4]]]"#
         );
     }
 }
