@@ -15,6 +15,15 @@ pub(super) struct ChangeQueue {
     keys: std::collections::VecDeque<(Arc<[u8]>, Instant)>,
     queued: u64,
     taken: u64,
+    /// A failed push returned keys that were queued again meanwhile (they
+    /// changed while the push was out): their entries keep the newer
+    /// stamp, so the oldest change they carry is held here, with the mark
+    /// past which every one of them was taken. Without it the lag fell to
+    /// the newest change while pushes kept failing (simulator seed 504 of
+    /// `--mix any`: an owner on a lossy link reported 34 ms while its
+    /// holder's copy was 8 s old — and a crash's loss is bounded by that
+    /// figure).
+    held: Option<(u64, Instant)>,
 }
 
 /// What the replicator takes in one round.
@@ -79,7 +88,15 @@ impl Store {
             let mut changed = self.changed_lock();
             let n = changed.keys.len().min(max);
             changed.taken += n as u64;
-            let oldest = changed.keys.front().map(|(_, at)| *at);
+            // Held stamps count for every round until the mark is passed
+            // (which round carries their keys is not known: the round says
+            // too old, never too young).
+            let held = changed.held.map(|(_, at)| at);
+            if changed.held.is_some_and(|(mark, _)| changed.taken >= mark) {
+                changed.held = None;
+            }
+            let front = changed.keys.front().map(|(_, at)| *at);
+            let oldest = front.into_iter().chain(held).min();
             (changed.keys.drain(..n).map(|(k, _)| k).collect(), oldest)
         };
         let taken = keys
@@ -100,16 +117,32 @@ impl Store {
 
     /// When the oldest change still waiting for the replicator was made.
     pub fn oldest_changed(&self) -> Option<Instant> {
-        self.changed_lock().keys.front().map(|(_, at)| *at)
+        let changed = self.changed_lock();
+        let front = changed.keys.front().map(|(_, at)| *at);
+        let held = changed.held.map(|(_, at)| at);
+        front.into_iter().chain(held).min()
     }
 
     /// Queue keys again (their replica holder did not confirm).
     /// `since`: when their oldest change was made, so the lag keeps counting
-    /// from there rather than from the retry.
+    /// from there rather than from the retry — also for a key queued again
+    /// meanwhile (see `ChangeQueue::held`).
     pub fn requeue(&self, keys: impl IntoIterator<Item = Arc<[u8]>>, since: Instant) {
+        let replicating = self.replicating.load(Ordering::Relaxed);
         for k in keys {
-            self.map
-                .with_mut(&k, |e| self.changed_at(&k, e, Some(since)));
+            let waiting = self.map.with_mut(&k, |e| {
+                let waiting = e.is_queued();
+                self.changed_at(&k, e, Some(since));
+                waiting
+            });
+            if replicating && waiting == Some(true) {
+                let mut changed = self.changed_lock();
+                let mark = changed.queued;
+                changed.held = Some(match changed.held {
+                    Some((m, at)) => (m.max(mark), at.min(since)),
+                    None => (mark, since),
+                });
+            }
         }
     }
 

@@ -416,3 +416,36 @@ fn the_queue_mark_is_taken_past_once_every_change_before_it_was_taken() {
     assert_eq!(store.queue_mark(), 5);
     assert!(!store.taken_past(store.queue_mark()));
 }
+
+/// A push fails while its key changed again (queued anew, stamped later):
+/// the lag still counts from the failed push's oldest change until that
+/// key is taken again — in the queue's oldest, and in the round that
+/// takes it (simulator seed 504 of `--mix any`).
+#[test]
+fn a_failed_push_keeps_its_oldest_change_for_a_key_queued_again_meanwhile() {
+    use tokio::time::{Duration, Instant};
+    let store = Store::new(100);
+    store.set_replicating(true);
+    let spec = spec(10);
+    store.decide(b"a", &spec, Cost::hits(1), S);
+    let pushed = store.take_changed(10);
+    // Its change, as old as a push that kept failing makes it.
+    let first = Instant::now().checked_sub(Duration::from_secs(3)).unwrap();
+    // Changed again while the push was out: queued, stamped now.
+    store.decide(b"a", &spec, Cost::hits(1), 2 * S);
+    store.decide(b"b", &spec, Cost::hits(1), 2 * S);
+    assert!(store.oldest_changed().unwrap() > first);
+    // The push failed: `a` is queued already and keeps its place.
+    store.requeue(pushed.states.into_iter().map(|(k, _)| k), first);
+    assert_eq!(store.changed_len(), 2);
+    assert_eq!(store.oldest_changed(), Some(first), "not the newer stamp");
+    let retry = store.take_changed(1);
+    assert_eq!(retry.oldest, Some(first), "a round before the mark");
+    assert_eq!(store.oldest_changed(), Some(first), "b not taken yet");
+    let rest = store.take_changed(10);
+    assert_eq!(rest.oldest, Some(first));
+    // Taken past: the stamp is gone with its keys.
+    assert_eq!(store.oldest_changed(), None);
+    store.decide(b"c", &spec, Cost::hits(1), 3 * S);
+    assert!(store.oldest_changed().unwrap() > first);
+}
