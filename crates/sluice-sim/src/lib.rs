@@ -56,6 +56,11 @@ pub struct Report {
     pub doubt_checked: usize,
     pub sim_secs: f64,
     pub wall_secs: f64,
+    /// What `std::time::Instant` counted over the run on its thread: the
+    /// simulated seconds, where the binary runs it (a dependency's own
+    /// reading of the machine's clock must not move the history).
+    #[serde(default)]
+    pub monotonic_secs: f64,
 }
 
 impl Report {
@@ -117,6 +122,7 @@ pub fn run_with_history(schedule: &schedule::Schedule) -> (Report, history::Hist
         doubt_checked: doubts.checked,
         sim_secs: (schedule.end + schedule::PROBE_SPAN) as f64 / 1_000.0,
         wall_secs: out.wall,
+        monotonic_secs: out.monotonic,
     };
     (report, out.history)
 }

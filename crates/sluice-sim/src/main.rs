@@ -58,6 +58,47 @@ pub unsafe extern "C" fn getrandom(buf: *mut u8, len: usize, _flags: u32) -> isi
     len as isize
 }
 
+thread_local! {
+    /// This thread runs the simulation: its monotonic clock is the run's.
+    static SIMULATED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Where the run's monotonic clock starts (ns): far enough from zero that
+/// an `Instant` minus a few hours stays an `Instant`.
+const MONOTONIC_BASE: u64 = 1_000_000 * 1_000_000_000;
+
+/// `clock_gettime(2)` for this process. On the run's thread
+/// `CLOCK_MONOTONIC` — `std::time::Instant` — reads the simulated time,
+/// advanced a tick at a time by the simulator; every other clock, and
+/// every other thread, reads the kernel's. Sluice's clocks go through its
+/// seam (`sluice::clock`) and tokio's are paused and advanced by hand, but
+/// its dependencies read `Instant` themselves: h2 keeps a locally reset
+/// stream for one second of it (later frames on the stream are dropped
+/// quietly within that second, answered `RST_STREAM` after) — a second of
+/// the machine's time, so a run's history depended on how fast the
+/// machine ran it (seed 504 of `--mix any` gave three histories in eight
+/// runs of one binary under load).
+///
+/// # Safety
+/// `tp` must be valid for a write of one `timespec`, as for the libc call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clock_gettime(
+    clock: libc::clockid_t,
+    tp: *mut libc::timespec,
+) -> libc::c_int {
+    if clock == libc::CLOCK_MONOTONIC && !tp.is_null() && SIMULATED.with(|s| s.get()) {
+        let ns = MONOTONIC_BASE + sluice_sim::sim::LOG_NOW.load(Ordering::Relaxed);
+        // SAFETY: the caller gives a writable `timespec` at `tp`.
+        unsafe {
+            (*tp).tv_sec = (ns / 1_000_000_000) as libc::time_t;
+            (*tp).tv_nsec = (ns % 1_000_000_000) as libc::c_long;
+        }
+        return 0;
+    }
+    // SAFETY: the system call with the caller's arguments, as libc makes it.
+    unsafe { libc::syscall(libc::SYS_clock_gettime, clock, tp) as libc::c_int }
+}
+
 #[derive(Parser)]
 #[command(
     name = "sluice-sim",
@@ -190,6 +231,7 @@ fn child(schedule: &Schedule) -> Report {
             )],
             moved_ports: 0,
             doubt_checked: 0,
+            monotonic_secs: 0.0,
             sim_secs: 0.0,
             wall_secs: 0.0,
         },
@@ -240,7 +282,10 @@ fn main() {
             let (report, history) = std::thread::scope(|scope| {
                 std::thread::Builder::new()
                     .name("sluice-sim".into())
-                    .spawn_scoped(scope, || sluice_sim::run_with_history(&schedule))
+                    .spawn_scoped(scope, || {
+                        SIMULATED.with(|s| s.set(true));
+                        sluice_sim::run_with_history(&schedule)
+                    })
                     .expect("a thread for the run")
                     .join()
                     .unwrap_or_else(|p| std::panic::resume_unwind(p))
