@@ -127,17 +127,38 @@ fn ring_epoch(members: &[Member], spans_zones: bool) -> u64 {
     xxh3_64(&buf)
 }
 
+/// `members` as a ring holds them: sorted by node id, one per id (the
+/// newest generation).
+fn one_per_id(members: impl IntoIterator<Item = Member>) -> Vec<Member> {
+    let mut members: Vec<Member> = members.into_iter().collect();
+    members.sort_by(|a, b| {
+        a.node_id
+            .cmp(&b.node_id)
+            .then(b.generation.cmp(&a.generation))
+    });
+    members.dedup_by(|later, kept| later.node_id == kept.node_id);
+    members
+}
+
+/// Whether a ring over `members` (as [`one_per_id`] leaves them) places
+/// replicas by zone: every member names one, and two or more are named.
+fn spans_zones(members: &[Member]) -> bool {
+    let first = members.first().map(|m| &m.zone);
+    members.iter().all(|m| !m.zone.is_empty()) && members.iter().any(|m| Some(&m.zone) != first)
+}
+
+/// The epoch [`Ring::new`] would give a ring over `members`, without
+/// building it (no positions: a check of a rebuilt member set).
+pub fn epoch_of_ring(members: impl IntoIterator<Item = Member>) -> u64 {
+    let members = one_per_id(members);
+    ring_epoch(&members, spans_zones(&members))
+}
+
 impl Ring {
     /// A ring over `members`. Two entries with one node id (a restart seen
     /// twice) count once: the newer generation.
     pub fn new(members: impl IntoIterator<Item = Member>) -> Ring {
-        let mut members: Vec<Member> = members.into_iter().collect();
-        members.sort_by(|a, b| {
-            a.node_id
-                .cmp(&b.node_id)
-                .then(b.generation.cmp(&a.generation))
-        });
-        members.dedup_by(|later, kept| later.node_id == kept.node_id);
+        let members = one_per_id(members);
         let mut points = Vec::with_capacity(members.len() * VNODES as usize);
         for (idx, m) in members.iter().enumerate() {
             for i in 0..VNODES {
@@ -159,6 +180,7 @@ impl Ring {
             .collect();
         let unzoned: Vec<usize> = (0..members.len()).filter(|&i| zones[i].is_none()).collect();
         let spans_zones = unzoned.is_empty() && zones.iter().any(|z| *z != zones[0]);
+        debug_assert_eq!(spans_zones, self::spans_zones(&members));
         let epoch = ring_epoch(&members, spans_zones);
         Ring {
             points,

@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::algorithm::Nanos;
 use crate::cluster::membership::doubts::PublishedDoubt;
-use crate::cluster::ring::{Member, Ring};
+use crate::cluster::ring::Ring;
 
 /// Keys remembered per region as decided in doubt (for the gauge and the
 /// count of keys taken from a best copy); beyond it they are still in
@@ -66,6 +66,10 @@ type Losses = Vec<(Arc<str>, u64)>;
 #[path = "doubt_region.rs"]
 mod region;
 use region::Region;
+
+#[path = "doubt_rebuild.rs"]
+mod rebuild;
+use rebuild::rebuild;
 
 /// What a region's end came to, for the metrics.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -261,24 +265,35 @@ impl Doubts {
         let mut sorted = gone.clone();
         sorted.sort();
         let ended_before = Self::was_done(&self.done(), &sorted);
-        // Opened only over a ring this process was a member of: a node
-        // not in it (new, or back as a new member) read that ring from
-        // gossip as it first heard it — members the cluster had buried
-        // already may stand in it, and the rings the cluster went through
-        // since are not among its own. Its losses are the peers' to
-        // publish (simulator seed 937 of `--mix any`: a new node's first
-        // ring still held an owner's earlier replica holder, paused and
-        // replaced since; the owner and its new holder crashed, and the
-        // new node read the old holder, back, as the holder of record and
-        // answered exactly from its stale copy).
-        if !gone.is_empty() && !known && !ended_before && member {
-            regions.push(Region::new(
-                c.previous.clone(),
-                gone,
-                c.view,
-                now,
-                self.grace,
-            ));
+        // Over a ring this process was not a member of (new, or back as a
+        // new member), it read that ring from gossip as it first heard it:
+        // members the cluster had buried already may stand in it, and the
+        // rings the cluster went through since are not among its own
+        // (simulator seed 937 of `--mix any`: a new node's first ring still
+        // held an owner's earlier replica holder, paused and replaced
+        // since; the owner and its new holder crashed, and the new node
+        // read the old holder, back, as the holder of record and answered
+        // exactly from its stale copy). Its region is over the ring of the
+        // members lost alone, and covers once two are gone: every key one
+        // of them owned there is in doubt — more than its peers' word
+        // holds, never fewer (no peer may publish one: the survivor may be
+        // this node alone).
+        let guessed_known = !member
+            && regions
+                .iter()
+                .any(|r| gone.iter().all(|g| r.gone.contains(g)));
+        if !gone.is_empty() && !known && !ended_before && !guessed_known {
+            let region = if member {
+                Region::new(c.previous.clone(), gone, c.view, now, self.grace)
+            } else {
+                let lost = c.previous.members().iter().filter(|m| {
+                    gone.iter()
+                        .any(|(id, g)| *id == m.node_id && *g == m.generation)
+                });
+                let ring = Arc::new(Ring::new(lost.cloned()));
+                Region::guessed(ring, gone, c.view, now, self.grace)
+            };
+            regions.push(region);
         }
         while regions.len() > MAX_REGIONS {
             let r = regions.remove(0);
@@ -438,10 +453,12 @@ impl Doubts {
             if full || few || Self::was_done(&done, &gone) {
                 continue;
             }
-            let previous = rebuild(ring, p, &lost, me_heard, named_me);
+            let rebuilt = rebuild(ring, p, &lost, me_heard, named_me);
             let remaining = (p.remaining.as_nanos().min(u64::MAX as u128) as u64).min(self.grace);
             let until = now.saturating_add(remaining);
-            regions.push(Region::adopted(
+            let exact = rebuilt.is_some();
+            let previous = rebuilt.unwrap_or_else(|| rebuild::of_losses(p, &gone));
+            let mut region = Region::adopted(
                 Arc::new(previous),
                 gone,
                 &lost,
@@ -449,7 +466,11 @@ impl Doubts {
                 p.ring,
                 until,
                 self.grace,
-            ));
+            );
+            if !exact {
+                region.guess();
+            }
+            regions.push(region);
             count += 1;
         }
         // Adopted regions, or untold holders learned, may cover keys now.
@@ -543,89 +564,6 @@ impl Doubts {
 }
 
 /// A key's 64-bit hash, for the counts (a collision only undercounts).
-/// The ring a peer's word `p` began in, rebuilt here: the members gone take
-/// the places they had; the rest of this node's ring `ring` stands for the
-/// rest of that ring. This node (`me`) is in it as this process only when
-/// the word named it so (`named_me`), else left out: a new node id was not
-/// there at all; named at an older generation of this process, its keys
-/// moved off it meanwhile (kept in, it stood as the next holder of a key
-/// whose later holders were lost, and answered it exactly from its copy
-/// from before a pause — a cold review); one that was there and live saw
-/// the change and holds its own region, or rejoined since and forgot it.
-///
-/// A member that joined (or rejoined, as a new generation) since stands in
-/// that rebuild as if it had been there, and as a live holder of record it
-/// hides keys whose real holders were both lost (simulator seed 937 of
-/// `--mix any`: a paused replica holder, replaced and back as a new
-/// generation, held a copy from before its replacement). So where the word
-/// names its ring, members newer than that ring's newest are left out, and
-/// the rebuild must come to the ring named — up to this node's own place,
-/// tried at the generations its process had and the word names. One that
-/// does not (a member that joined and left since; one back at its old
-/// generation) is read from the losses alone: each key's owner and holder
-/// there are lost members, so every key one of them owned is in doubt here
-/// for the grace — more doubt than the publisher's, on the safe side, and
-/// only on a node that did not see the change. A word that names no ring
-/// (an earlier release's) is rebuilt as before.
-fn rebuild(
-    ring: &Ring,
-    p: &PublishedDoubt,
-    lost: &[(Arc<str>, u64)],
-    me: &Heard,
-    named_me: bool,
-) -> Ring {
-    let (epoch, newest) = p.ring;
-    let is_lost = |id: &Arc<str>| lost.iter().any(|(l, _)| l == id);
-    let lost_members = lost.iter().map(|(id, g)| Member {
-        node_id: id.clone(),
-        generation: *g,
-        zone: p.zone_of(id),
-        ..Member::default()
-    });
-    let mine = ring
-        .members()
-        .iter()
-        .filter(|m| named_me && m.node_id == me.node_id && !is_lost(&m.node_id));
-    let others = ring.members().iter().filter(|m| {
-        m.node_id != me.node_id && !is_lost(&m.node_id) && (epoch == 0 || m.generation <= newest)
-    });
-    let members: Vec<Member> = others
-        .chain(mine.clone())
-        .cloned()
-        .chain(lost_members.clone())
-        .collect();
-    let rebuilt = Ring::new(members.iter().cloned());
-    if epoch == 0 || rebuilt.epoch() == epoch {
-        return rebuilt;
-    }
-    // Left out, this node is tried in its place to check the rest.
-    let me_then = ring.member(&me.node_id).cloned().unwrap_or_else(|| Member {
-        node_id: me.node_id.clone(),
-        zone: p.zone_of(&me.node_id),
-        ..Member::default()
-    });
-    let named = p.gone.iter().filter(|(id, _)| *id == me.node_id);
-    let generations = [me.born, me.generation]
-        .into_iter()
-        .chain(named.map(|(_, g)| *g));
-    for generation in generations.filter(|_| !named_me) {
-        let as_then = Member {
-            generation,
-            ..me_then.clone()
-        };
-        let tried = Ring::new(members.iter().cloned().chain([as_then]));
-        if tried.epoch() == epoch {
-            return rebuilt;
-        }
-    }
-    tracing::debug!(
-        lost = lost.len(),
-        ring = ?ring.members().iter().map(|m| (&*m.node_id, m.generation)).collect::<Vec<_>>(),
-        "a peer's region of doubt rebuilt from its losses alone: the ring it names is not this node's with them"
-    );
-    Ring::new(mine.cloned().chain(lost_members))
-}
-
 fn key_hash(k: &[u8]) -> u64 {
     use std::hash::Hasher;
     // Fixed keys: the same key hashes the same every time.

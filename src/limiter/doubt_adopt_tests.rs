@@ -495,6 +495,40 @@ fn a_member_back_since_as_a_new_generation_is_no_holder_of_a_word_it_was_not_in(
         n_f.in_doubt(&k_af, 2 * S, &mut ended, &anyone()),
         "the safe side: f's copy cannot be told from a newcomer's"
     );
+    // A member of the word's losses heard back later (as the process it
+    // was) stands nowhere in a region read from its losses: where it stood
+    // is not known here, so it holds no key of record — every key stays
+    // in doubt while two are still gone (a cold review; seed 937: such a
+    // holder, back, had stood in a ring of the losses as k's holder).
+    let word_3 = survivor_f.published(S, &anyone());
+    let three: Vec<PublishedDoubt> = word_3
+        .iter()
+        .map(|w| PublishedDoubt {
+            gone: [w.gone.clone(), vec![(Arc::from("e"), 1)]].concat(),
+            ..w.clone()
+        })
+        .collect();
+    let hears_no_e = [heard("c", 1, 1), heard("d", 1, 1)];
+    let n_e = Doubts::new(10 * S);
+    assert_eq!(
+        n_e.adopt(&three, &now, &hears_no_e, &heard("n", 6, 6), S),
+        1
+    );
+    change(
+        &n_e,
+        "n",
+        &now,
+        &[heard("c", 1, 1), heard("d", 1, 1), heard("e", 1, 5)],
+        S,
+    );
+    assert!(
+        n_e.in_doubt(&k, 2 * S, &mut ended, &anyone()),
+        "a and b still gone"
+    );
+    assert!(
+        !n_e.in_doubt(&k, 12 * S, &mut ended, &anyone()),
+        "the grace"
+    );
 }
 
 /// A node rejoined since (a new generation of the same process) that was

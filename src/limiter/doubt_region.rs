@@ -71,6 +71,13 @@ pub(super) struct Region {
     /// the rebuild came to: an adopter of this node's word checks its own
     /// rebuild against the ring the fault began in).
     pub(super) named: RingName,
+    /// Opened by a node that was not in the ring before the change: its
+    /// ring is the members lost alone, and it covers once two are gone
+    /// (`Doubts::changed`).
+    guessed: bool,
+    /// When the latest member was lost (what a guessed region's doubt runs
+    /// from: its later losses are in none of its ring's places).
+    last_loss: Nanos,
 }
 
 impl Region {
@@ -99,9 +106,38 @@ impl Region {
             untold: Vec::new(),
             opened_here: true,
             named,
+            guessed: false,
+            last_loss: now,
         };
         r.lose(&gone, None, view, now);
         r
+    }
+
+    /// A region opened by a node not in the ring before the change, over
+    /// `lost`, the ring of the members lost (see `Doubts::changed`).
+    pub(super) fn guessed(
+        lost: Arc<Ring>,
+        gone: Vec<(Arc<str>, u64)>,
+        view: u64,
+        now: Nanos,
+        grace: Nanos,
+    ) -> Region {
+        let mut r = Region::new(lost, gone, view, now, grace);
+        r.guess();
+        r
+    }
+
+    /// Read from its losses alone (opened over a ring this node was not
+    /// in, or adopted from a word whose ring it could not rebuild): no
+    /// ring says where each key stood, so every key this node owns is in
+    /// doubt while two of its members are gone, for the grace from the
+    /// latest loss. A member back does not stand as a holder of record:
+    /// where it stood is not known here (simulator seed 937 of `--mix
+    /// any`: a holder paused and replaced, back, stood in a ring of the
+    /// word's losses as the holder of a key whose later holders were both
+    /// lost).
+    pub(super) fn guess(&mut self) {
+        self.guessed = true;
     }
 
     /// A region as a peer published it, ending at `until`: `lost` in the
@@ -150,6 +186,10 @@ impl Region {
             let newly = !self.gone.iter().any(|(id, _)| *id == g.0);
             if newly {
                 self.gone.push(g.clone());
+                self.last_loss = self.last_loss.max(now);
+                if self.guessed {
+                    self.until = self.until.max(now.saturating_add(self.grace));
+                }
             }
             let Some(i) = self.index(&g.0) else {
                 // The zone it had where it was lost last (a new process
@@ -213,6 +253,9 @@ impl Region {
     /// before the owner said it held the owner's replicas: `me`), and the
     /// grace from the later of their losses has not passed.
     pub(super) fn covers(&self, k: &[u8], now: Nanos, me: &super::Me<'_>) -> bool {
+        if self.guessed {
+            return self.gone.len() >= 2 && self.last_loss.saturating_add(self.grace) > now;
+        }
         let members = self.previous.members();
         let me_at = self.index(me.id);
         // This node is never among the gone of a region it opened; of an
@@ -289,6 +332,9 @@ impl Region {
     /// two: the other may have been this node before its owner said it
     /// held its replicas).
     pub(super) fn can_cover(&self) -> bool {
+        if self.guessed {
+            return self.gone.len() >= 2;
+        }
         self.gone.len() >= 2 || self.previous.members().len() <= 2 || !self.untold.is_empty()
     }
 

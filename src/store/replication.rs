@@ -15,15 +15,31 @@ pub(super) struct ChangeQueue {
     keys: std::collections::VecDeque<(Arc<[u8]>, Instant)>,
     queued: u64,
     taken: u64,
-    /// A failed push returned keys that were queued again meanwhile (they
-    /// changed while the push was out): their entries keep the newer
-    /// stamp, so the oldest change they carry is held here, with the mark
-    /// past which every one of them was taken. Without it the lag fell to
-    /// the newest change while pushes kept failing (simulator seed 504 of
-    /// `--mix any`: an owner on a lossy link reported 34 ms while its
-    /// holder's copy was 8 s old — and a crash's loss is bounded by that
-    /// figure).
-    held: Option<(u64, Instant)>,
+    /// The oldest change each failed push returned, with the mark past
+    /// which every key it returned was taken again: a key it returned
+    /// goes to the queue's back (behind changes made while it was out),
+    /// and one queued again meanwhile keeps its newer stamp — reading the
+    /// front alone, the lag fell to the newest change while pushes kept
+    /// failing (simulator seed 504 of `--mix any`: an owner on a lossy
+    /// link reported 34 ms while its holder's copy was 8 s old — and a
+    /// crash's loss is bounded by that figure). At most [`MAX_HELD`]: past
+    /// it the two newest merge (the older stamp, the later mark: the lag
+    /// says too old for a while, never too young).
+    held: std::collections::VecDeque<(u64, Instant)>,
+}
+
+/// Failed pushes' stamps kept apart at most (see `ChangeQueue::held`).
+const MAX_HELD: usize = 64;
+
+impl ChangeQueue {
+    /// The oldest change waiting: the front's, or a failed push's.
+    fn oldest(&self) -> Option<Instant> {
+        let front = self.keys.front().map(|(_, at)| *at);
+        front
+            .into_iter()
+            .chain(self.held.iter().map(|(_, at)| *at))
+            .min()
+    }
 }
 
 /// What the replicator takes in one round.
@@ -88,15 +104,12 @@ impl Store {
             let mut changed = self.changed_lock();
             let n = changed.keys.len().min(max);
             changed.taken += n as u64;
-            // Held stamps count for every round until the mark is passed
+            // Held stamps count for every round until their mark is passed
             // (which round carries their keys is not known: the round says
             // too old, never too young).
-            let held = changed.held.map(|(_, at)| at);
-            if changed.held.is_some_and(|(mark, _)| changed.taken >= mark) {
-                changed.held = None;
-            }
-            let front = changed.keys.front().map(|(_, at)| *at);
-            let oldest = front.into_iter().chain(held).min();
+            let oldest = changed.oldest();
+            let taken = changed.taken;
+            changed.held.retain(|(mark, _)| taken < *mark);
             (changed.keys.drain(..n).map(|(k, _)| k).collect(), oldest)
         };
         let taken = keys
@@ -117,10 +130,7 @@ impl Store {
 
     /// When the oldest change still waiting for the replicator was made.
     pub fn oldest_changed(&self) -> Option<Instant> {
-        let changed = self.changed_lock();
-        let front = changed.keys.front().map(|(_, at)| *at);
-        let held = changed.held.map(|(_, at)| at);
-        front.into_iter().chain(held).min()
+        self.changed_lock().oldest()
     }
 
     /// Queue keys again (their replica holder did not confirm).
@@ -128,22 +138,22 @@ impl Store {
     /// from there rather than from the retry — also for a key queued again
     /// meanwhile (see `ChangeQueue::held`).
     pub fn requeue(&self, keys: impl IntoIterator<Item = Arc<[u8]>>, since: Instant) {
-        let replicating = self.replicating.load(Ordering::Relaxed);
-        for k in keys {
-            let waiting = self.map.with_mut(&k, |e| {
-                let waiting = e.is_queued();
-                self.changed_at(&k, e, Some(since));
-                waiting
-            });
-            if replicating && waiting == Some(true) {
-                let mut changed = self.changed_lock();
-                let mark = changed.queued;
-                changed.held = Some(match changed.held {
-                    Some((m, at)) => (m.max(mark), at.min(since)),
-                    None => (mark, since),
-                });
-            }
+        if !self.replicating.load(Ordering::Relaxed) {
+            return;
         }
+        for k in keys {
+            self.map
+                .with_mut(&k, |e| self.changed_at(&k, e, Some(since)));
+        }
+        let mut changed = self.changed_lock();
+        let mark = changed.queued;
+        if changed.held.len() >= MAX_HELD
+            && let Some((m, at)) = changed.held.pop_back()
+            && let Some(last) = changed.held.back_mut()
+        {
+            *last = (last.0.max(m), last.1.min(at));
+        }
+        changed.held.push_back((mark, since));
     }
 
     /// Keys waiting for the replicator.

@@ -449,3 +449,36 @@ fn a_failed_push_keeps_its_oldest_change_for_a_key_queued_again_meanwhile() {
     store.decide(b"c", &spec, Cost::hits(1), 3 * S);
     assert!(store.oldest_changed().unwrap() > first);
 }
+
+/// A key a failed push returned goes to the queue's back, behind changes
+/// made while the push was out: the lag counts from its change, not the
+/// front's, and the round that takes the two says so (a cold review:
+/// reading the front, a second failed round lost the first one's stamp).
+#[test]
+fn a_failed_push_returned_to_the_back_keeps_its_stamp() {
+    use tokio::time::{Duration, Instant};
+    let store = Store::new(100);
+    store.set_replicating(true);
+    let spec = spec(10);
+    store.decide(b"k", &spec, Cost::hits(1), S);
+    let pushed = store.take_changed(10);
+    let first = Instant::now().checked_sub(Duration::from_secs(3)).unwrap();
+    store.decide(b"x", &spec, Cost::hits(1), 2 * S);
+    store.requeue(pushed.states.into_iter().map(|(k, _)| k), first);
+    assert_eq!(store.oldest_changed(), Some(first), "k waits behind x");
+    let round = store.take_changed(10);
+    assert_eq!(round.states.len(), 2);
+    assert_eq!(round.oldest, Some(first));
+    // That round failed too: its keys back with its oldest, still first.
+    store.requeue(
+        round.states.into_iter().map(|(k, _)| k),
+        round.oldest.unwrap(),
+    );
+    assert_eq!(store.oldest_changed(), Some(first));
+    assert_eq!(store.take_changed(10).oldest, Some(first));
+    assert_eq!(
+        store.oldest_changed(),
+        None,
+        "every key taken: nothing held"
+    );
+}
