@@ -242,9 +242,17 @@ impl Doubts {
         }
         let mut ended = Ended::default();
         let mut regions = self.regions();
+        // A guessed region of this process's (one it opened over a ring it
+        // was not in) takes the losses while it is still not a member;
+        // once it is, its rings are its own, read as they are (a guessed
+        // region taking every later loss kept the whole keyspace in doubt
+        // through ordinary crashes: a cold review).
+        let guessed_open = !member && regions.iter().any(Region::opened_guessed);
         for r in regions.iter_mut() {
             r.gone.retain(|(id, generation)| !is_live(id, *generation));
-            r.lose(&gone, Some(c.previous.as_ref()), c.view, now);
+            if !(member && r.opened_guessed()) {
+                r.lose(&gone, Some(c.previous.as_ref()), c.view, now);
+            }
             // A holder back leaves one member gone: no key is in doubt
             // under it now, and none decided in doubt was taken from a
             // best copy (it comes with the transfer).
@@ -278,11 +286,7 @@ impl Doubts {
         // of them owned there is in doubt — more than its peers' word
         // holds, never fewer (no peer may publish one: the survivor may be
         // this node alone).
-        let guessed_known = !member
-            && regions
-                .iter()
-                .any(|r| gone.iter().all(|g| r.gone.contains(g)));
-        if !gone.is_empty() && !known && !ended_before && !guessed_known {
+        if !gone.is_empty() && !known && !ended_before && !guessed_open {
             let region = if member {
                 Region::new(c.previous.clone(), gone, c.view, now, self.grace)
             } else {
@@ -333,9 +337,13 @@ impl Doubts {
     /// publishes them: who went, and the time left.
     pub fn published(&self, now: Nanos, me: &Me<'_>) -> Vec<PublishedDoubt> {
         let regions = self.regions();
+        // A region this node guessed is its own: its ring is the losses
+        // alone, which no peer can rebuild — published, every peer would
+        // guess it too and hold its whole keyspace in doubt (a cold
+        // review). Those that saw the losses publish them.
         let mut open: Vec<&Region> = regions
             .iter()
-            .filter(|r| r.can_cover() && r.until > now)
+            .filter(|r| r.can_cover() && r.until > now && !r.opened_guessed())
             .collect();
         // The most time left first: those are what a bound keeps.
         open.sort_by_key(|r| std::cmp::Reverse(r.until));

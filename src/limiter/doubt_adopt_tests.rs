@@ -514,16 +514,16 @@ fn a_member_back_since_as_a_new_generation_is_no_holder_of_a_word_it_was_not_in(
         n_e.adopt(&three, &now, &hears_no_e, &heard("n", 6, 6), S),
         1
     );
-    change(
-        &n_e,
-        "n",
-        &now,
-        &[heard("c", 1, 1), heard("d", 1, 1), heard("e", 1, 5)],
-        S,
-    );
+    let hears_e_back = [heard("c", 1, 1), heard("d", 1, 1), heard("e", 1, 5)];
+    change(&n_e, "n", &now, &hears_e_back, S);
     assert!(
         n_e.in_doubt(&k, 2 * S, &mut ended, &anyone()),
         "a and b still gone"
+    );
+    assert_eq!(
+        n_e.adopt(&three, &now, &hears_e_back, &heard("n", 6, 6), S),
+        0,
+        "held already: not adopted again on the next view"
     );
     assert!(
         !n_e.in_doubt(&k, 12 * S, &mut ended, &anyone()),

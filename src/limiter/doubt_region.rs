@@ -140,6 +140,12 @@ impl Region {
         self.guessed = true;
     }
 
+    /// Guessed and opened here (not adopted): over a ring of this node's
+    /// own guess, which it neither publishes nor extends once a member.
+    pub(super) fn opened_guessed(&self) -> bool {
+        self.guessed && self.opened_here
+    }
+
     /// A region as a peer published it, ending at `until`: `lost` in the
     /// order lost (those back since included), `gone` those of them not
     /// heard here. The steps between its losses are not sent, so each loss
@@ -161,6 +167,12 @@ impl Region {
         r.named = named;
         for l in lost {
             r.lose(std::slice::from_ref(l), None, 0, at);
+            // One with no place in the ring (read from the losses alone:
+            // back, or seen here) is still of the word's losses: without
+            // it the word was adopted again on every view (a cold review).
+            if !r.lost.iter().any(|(id, _)| *id == l.0) {
+                r.lost.push(l.clone());
+            }
         }
         r.gone = gone;
         r.until = until;
@@ -254,7 +266,7 @@ impl Region {
     /// grace from the later of their losses has not passed.
     pub(super) fn covers(&self, k: &[u8], now: Nanos, me: &super::Me<'_>) -> bool {
         if self.guessed {
-            return self.gone.len() >= 2 && self.last_loss.saturating_add(self.grace) > now;
+            return self.can_cover() && self.last_loss.saturating_add(self.grace) > now;
         }
         let members = self.previous.members();
         let me_at = self.index(me.id);
@@ -333,7 +345,9 @@ impl Region {
     /// held its replicas).
     pub(super) fn can_cover(&self) -> bool {
         if self.guessed {
-            return self.gone.len() >= 2;
+            // Or one gone whose holder a word named untold: where that
+            // holder stood is not known here either.
+            return self.gone.len() >= 2 || (!self.gone.is_empty() && !self.untold.is_empty());
         }
         self.gone.len() >= 2 || self.previous.members().len() <= 2 || !self.untold.is_empty()
     }
@@ -345,7 +359,7 @@ impl Region {
         for p in pairs {
             let (holder, owner) = (&p.0, &p.1);
             let owner_lost = self.lost.iter().any(|(id, _)| id == owner);
-            let holder_here = self.index(holder).is_some()
+            let holder_here = (self.guessed || self.index(holder).is_some())
                 && !self.gone.iter().any(|(id, _)| id == holder)
                 && holder != owner;
             if owner_lost

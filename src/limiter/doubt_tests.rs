@@ -560,6 +560,14 @@ fn a_node_not_in_the_ring_before_reads_its_losses_alone() {
         !newcomer.in_doubt(&k_ab, 13 * S, &mut ended, &anyone()),
         "the grace runs from the later loss"
     );
+    // Its guess is its own: no peer could rebuild it (each would guess
+    // too, its whole keyspace in doubt).
+    assert!(newcomer.published(3 * S, &anyone()).is_empty());
+    // A member now, it reads its own rings: a later loss does not extend
+    // the guess (an ordinary crash kept the whole keyspace in doubt).
+    let joined = ring(&["c", "d", "e", "n"]);
+    change(&newcomer, "n", &joined, &live(&["c", "e"]), 4 * S);
+    assert!(!newcomer.in_doubt(&k_cd, 13 * S, &mut ended, &anyone()));
     let member = Doubts::new(10 * S);
     change(&member, "c", &guessed, &live(&["b", "d", "e"]), S);
     change(&member, "c", &without_a, &live(&["d", "e"]), 2 * S);

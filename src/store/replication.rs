@@ -35,10 +35,8 @@ impl ChangeQueue {
     /// The oldest change waiting: the front's, or a failed push's.
     fn oldest(&self) -> Option<Instant> {
         let front = self.keys.front().map(|(_, at)| *at);
-        front
-            .into_iter()
-            .chain(self.held.iter().map(|(_, at)| *at))
-            .min()
+        let held = self.held.iter().filter(|(mark, _)| self.taken < *mark);
+        front.into_iter().chain(held.map(|(_, at)| *at)).min()
     }
 }
 
@@ -103,11 +101,11 @@ impl Store {
         let (keys, oldest): (Vec<Arc<[u8]>>, Option<Instant>) = {
             let mut changed = self.changed_lock();
             let n = changed.keys.len().min(max);
-            changed.taken += n as u64;
             // Held stamps count for every round until their mark is passed
             // (which round carries their keys is not known: the round says
-            // too old, never too young).
+            // too old, never too young) — the round that passes it too.
             let oldest = changed.oldest();
+            changed.taken += n as u64;
             let taken = changed.taken;
             changed.held.retain(|(mark, _)| taken < *mark);
             (changed.keys.drain(..n).map(|(k, _)| k).collect(), oldest)
@@ -147,6 +145,12 @@ impl Store {
         }
         let mut changed = self.changed_lock();
         let mark = changed.queued;
+        if changed.taken >= mark {
+            // Nothing waits (nothing was returned, or none of it is held
+            // any more): no stamp to keep (a holdings scan requeues an
+            // empty list every round).
+            return;
+        }
         if changed.held.len() >= MAX_HELD
             && let Some((m, at)) = changed.held.pop_back()
             && let Some(last) = changed.held.back_mut()

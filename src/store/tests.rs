@@ -481,4 +481,9 @@ fn a_failed_push_returned_to_the_back_keeps_its_stamp() {
         None,
         "every key taken: nothing held"
     );
+    // An empty requeue (a holdings scan's, every round) holds nothing.
+    store.requeue(std::iter::empty(), first);
+    assert_eq!(store.oldest_changed(), None);
+    store.decide(b"y", &spec, Cost::hits(1), 3 * S);
+    assert!(store.take_changed(10).oldest.unwrap() > first);
 }
