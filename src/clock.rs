@@ -250,8 +250,10 @@ impl<T: Ticks> Clock for SystemClock<T> {
         self.ticks.boot()
     }
 
+    /// The machine's wall clock — off by the test offset too, as a
+    /// machine whose clock is off reads it (peer tokens, generations).
     fn wall(&self) -> u64 {
-        self.ticks.wall().max(0) as u64
+        self.ticks.wall().saturating_add(self.offset).max(0) as u64
     }
 }
 

@@ -28,36 +28,16 @@ const WINDOW_MS: i64 = 3_600_000;
 const DEADLINE: Duration = Duration::from_secs(1);
 const SKEW_S: f64 = 3.0;
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_node_3_s_off_either_way_keeps_every_answer_exact() {
-    let gossip = ports(3);
-    let nodes = [
-        ("skew-ahead", "3000"),
-        ("skew-true", "0"),
-        ("skew-behind", "-3000"),
-    ];
-    let procs: Vec<Proc> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, (id, offset))| {
-            spawn(
-                id,
-                gossip[i],
-                &gossip,
-                &[("SLUICE_TEST_CLOCK_OFFSET_MS", offset)],
-            )
-        })
-        .collect();
-    let refs: Vec<&Proc> = procs.iter().collect();
-    let mut ids: Vec<&str> = nodes.iter().map(|n| n.0).collect();
-    ids.sort();
-    rings_are(&refs, &ids, "three skewed nodes in every ring", SETTLE).await;
+/// Ten minutes off either way: far past the peer token's 10-s window
+/// (a VM restored from a snapshot, a clock set by hand).
+const FAR_S: f64 = 600.0;
 
-    // Through each node, keys owned by each node (itself included): the
-    // first LIMIT hits admitted and the next refused, all exact.
-    for via in &procs {
-        let name = format!("skew-via-{}", via.id);
-        let keys = keys_owned_by(&ids, &name, 4);
+/// Through each node, keys owned by each node (itself included): the
+/// first LIMIT hits admitted and the next refused, all exact.
+async fn every_answer_exact(procs: &[Proc], ids: &[&str], name: &str) {
+    for via in procs {
+        let name = format!("{name}-via-{}", via.id);
+        let keys = keys_owned_by(ids, &name, 4);
         let mut client = via.client().await;
         for k in &keys {
             for hit in 0..LIMIT + 2 {
@@ -86,6 +66,113 @@ async fn a_node_3_s_off_either_way_keeps_every_answer_exact() {
             }
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_10_min_off_either_way_is_corrected_to_and_answers_exact() {
+    // Peer tokens are stamped on one wall clock and checked on another:
+    // each skewed node's first calls to and from the others are refused
+    // for the time, with the refusing node's clock, and every later token
+    // is stamped on the receiver's clock.
+    let gossip = ports(3);
+    let nodes = [
+        ("far-ahead", "600000"),
+        ("far-true", "0"),
+        ("far-behind", "-600000"),
+    ];
+    let procs: Vec<Proc> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, (id, offset))| {
+            spawn(
+                id,
+                gossip[i],
+                &gossip,
+                &[("SLUICE_TEST_CLOCK_OFFSET_MS", offset)],
+            )
+        })
+        .collect();
+    let mut ids: Vec<&str> = nodes.iter().map(|n| n.0).collect();
+    ids.sort();
+    // `sluice cluster status` signs its call on this machine's clock: only
+    // the true node takes it (the CLI stamps no peer's clock).
+    rings_are(
+        &[&procs[1]],
+        &ids,
+        "three far-off nodes in the true node's ring",
+        SETTLE,
+    )
+    .await;
+    // Ready: through every node, a key of every owner answers exactly —
+    // each pair's first refusal for the time is behind it.
+    for via in &procs {
+        let probe = keys_owned_by(&ids, &format!("far-probe-{}", via.id), 1);
+        let client = via.client().await;
+        for k in &probe {
+            common::eventually(
+                &format!("an exact answer via {} for {k}", via.id),
+                SETTLE,
+                || {
+                    let request = vec![inline(
+                        &format!("far-probe-{}", via.id),
+                        k,
+                        1_000,
+                        WINDOW_MS,
+                    )];
+                    let mut client = client.clone();
+                    async move {
+                        check_within(&mut client, request, DEADLINE)
+                            .await
+                            .is_ok_and(|mut a| !a.remove(0).approximate)
+                    }
+                },
+            )
+            .await;
+        }
+    }
+    every_answer_exact(&procs, &ids, "far").await;
+    // The true node reads its peers' clocks from their answers.
+    let truth = &procs[1];
+    for (peer, want) in [("far-ahead", FAR_S), ("far-behind", -FAR_S)] {
+        let seen = truth
+            .metric(&format!(
+                "sluice_peer_clock_offset_seconds{{peer=\"{peer}\"}}"
+            ))
+            .await;
+        assert!(
+            (seen - want).abs() < 1.0,
+            "{} sees {peer}'s clock {seen:+.3} s off, want {want:+.1}",
+            truth.id
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_3_s_off_either_way_keeps_every_answer_exact() {
+    let gossip = ports(3);
+    let nodes = [
+        ("skew-ahead", "3000"),
+        ("skew-true", "0"),
+        ("skew-behind", "-3000"),
+    ];
+    let procs: Vec<Proc> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, (id, offset))| {
+            spawn(
+                id,
+                gossip[i],
+                &gossip,
+                &[("SLUICE_TEST_CLOCK_OFFSET_MS", offset)],
+            )
+        })
+        .collect();
+    let refs: Vec<&Proc> = procs.iter().collect();
+    let mut ids: Vec<&str> = nodes.iter().map(|n| n.0).collect();
+    ids.sort();
+    rings_are(&refs, &ids, "three skewed nodes in every ring", SETTLE).await;
+
+    every_answer_exact(&procs, &ids, "skew").await;
 
     // Nothing fell back, anywhere — and every check of a key another node
     // owns was forwarded exactly once (forwards are never retried): the 4

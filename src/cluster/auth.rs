@@ -53,6 +53,11 @@ pub const MEMBER_HEADER: &str = "x-sluice-member-bin";
 /// On a refused peer call: the caller's generation is among the answering
 /// node's tombstones (the generation, in decimal). The caller rejoins.
 pub const BURIED_HEADER: &str = "x-sluice-buried";
+/// On a peer call refused as [`EXPIRED`]: the answering node's clock,
+/// MACed over the refused token (see [`Secret::clock_word`]).
+pub const CLOCK_HEADER: &str = "x-sluice-clock";
+/// Why a token stamped outside the window is refused.
+pub const EXPIRED: &str = "expired peer token";
 
 /// The cluster secret, if one is configured, with this node's token state:
 /// its run id and sequence for the tokens it mints, and the replay window
@@ -155,8 +160,16 @@ impl Secret {
     /// A fresh token for one call from `sender`, at the current time:
     /// `sender:run:seq:ms:mac`. Each token is accepted once.
     pub fn peer_token(&self, sender: &str) -> Option<String> {
+        self.peer_token_off(sender, 0).map(|(token, _)| token)
+    }
+
+    /// A fresh token stamped `offset_ms` off this node's clock — on the
+    /// receiver's clock, as its [`Secret::clock_word`] taught — with its
+    /// sequence number (what a clock word answers).
+    pub fn peer_token_off(&self, sender: &str, offset_ms: i64) -> Option<(String, u64)> {
         let seq = self.0.seq.fetch_add(1, Ordering::Relaxed);
-        self.token_at(sender, self.0.run, seq, self.unix_ms())
+        let ms = self.unix_ms().saturating_add_signed(offset_ms);
+        Some((self.token_at(sender, self.0.run, seq, ms)?, seq))
     }
 
     fn token_at(&self, sender: &str, run: u64, seq: u64, ms: u64) -> Option<String> {
@@ -164,13 +177,8 @@ impl Secret {
         Some(format!("{sender}:{run}:{seq}:{ms}:{}", hex(&tag)))
     }
 
-    /// Check a peer token: valid MAC, inside the window, never seen before.
-    /// Returns the sender's id.
-    pub fn check_peer_token(&self, token: Option<&str>) -> Result<Option<String>, &'static str> {
-        if !self.is_set() {
-            return Ok(None);
-        }
-        let token = token.ok_or("missing peer token")?;
+    /// A token's parts, its MAC checked (not its time, nor replays).
+    fn authentic<'a>(&self, token: &'a str) -> Result<Token<'a>, &'static str> {
         let malformed = "malformed peer token";
         let mut parts = token.rsplitn(5, ':');
         let (tag, ms, seq, run, sender) = match (
@@ -189,9 +197,30 @@ impl Secret {
         if !self.verify(&[&token_message(sender, run, seq, ms)], &tag) {
             return Err("invalid peer token");
         }
+        Ok(Token {
+            sender,
+            run,
+            seq,
+            ms,
+        })
+    }
+
+    /// Check a peer token: valid MAC, inside the window, never seen before.
+    /// Returns the sender's id.
+    pub fn check_peer_token(&self, token: Option<&str>) -> Result<Option<String>, &'static str> {
+        if !self.is_set() {
+            return Ok(None);
+        }
+        let token = token.ok_or("missing peer token")?;
+        let Token {
+            sender,
+            run,
+            seq,
+            ms,
+        } = self.authentic(token)?;
         let now = self.unix_ms();
         if now.abs_diff(ms) > self.0.window.as_millis() as u64 {
-            return Err("expired peer token");
+            return Err(EXPIRED);
         }
         self.0
             .replays
@@ -201,13 +230,61 @@ impl Secret {
             .map_err(|r| r.reason())?;
         Ok(Some(sender.to_string()))
     }
+
+    /// For a token refused as [`EXPIRED`]: this node's clock (ms since the
+    /// epoch) and a MAC over it and the token, `ms:mac` — the
+    /// [`CLOCK_HEADER`] of the refusal. Its sender then stamps its tokens
+    /// for this node on this node's clock ([`Secret::read_clock_word`]), so
+    /// a node whose wall clock stepped or drifted past the window keeps
+    /// talking to its peers (as a Kerberos client corrects by the server's
+    /// time in a skew error) instead of standing in the ring unreachable.
+    /// The window still bounds a token's worth on the receiver's clock.
+    /// None for a token that is not authentic.
+    pub fn clock_word(&self, token: &str) -> Option<String> {
+        let t = self.authentic(token).ok()?;
+        let now = self.unix_ms();
+        let tag = self.mac(&[&clock_message(t.sender, t.run, t.seq, now)])?;
+        Some(format!("{now}:{}", hex(&tag)))
+    }
+
+    /// The offset (ms) of a peer's clock from this node's, from the clock
+    /// word its refusal of this node's token `seq`, sent as `sender`,
+    /// carried. None unless the word is that peer's answer to that token.
+    pub fn read_clock_word(&self, sender: &str, seq: u64, word: &str) -> Option<i64> {
+        let (ms, tag) = word.split_once(':')?;
+        let ms = ms.parse::<u64>().ok()?;
+        let tag = unhex(tag)?;
+        if !self.is_set() || !self.verify(&[&clock_message(sender, self.0.run, seq, ms)], &tag) {
+            return None;
+        }
+        Some(ms as i64 - self.unix_ms() as i64)
+    }
+}
+
+/// What a clock word's MAC covers: the answering node's time and the
+/// refused token's sender, run and sequence — so only that token's sender
+/// can read it, for that call (a word captured off the wire fits no other).
+fn clock_message(sender: &str, run: u64, seq: u64, now_ms: u64) -> Vec<u8> {
+    mac_message(b"sluice-clock-v1", sender, run, seq, now_ms)
+}
+
+/// A peer token's parts.
+struct Token<'a> {
+    sender: &'a str,
+    run: u64,
+    seq: u64,
+    ms: u64,
 }
 
 /// The bytes a peer token's MAC covers (the sender length-prefixed, so no
 /// two tokens share them).
 fn token_message(sender: &str, run: u64, seq: u64, ms: u64) -> Vec<u8> {
-    let mut m = Vec::with_capacity(48 + sender.len());
-    m.extend_from_slice(b"sluice-peer-v2");
+    mac_message(b"sluice-peer-v2", sender, run, seq, ms)
+}
+
+fn mac_message(domain: &[u8], sender: &str, run: u64, seq: u64, ms: u64) -> Vec<u8> {
+    let mut m = Vec::with_capacity(domain.len() + 32 + sender.len());
+    m.extend_from_slice(domain);
     m.extend_from_slice(&(sender.len() as u64).to_le_bytes());
     m.extend_from_slice(sender.as_bytes());
     for n in [run, seq, ms] {
@@ -383,5 +460,49 @@ mod tests {
             receiver.check_peer_token(Some(&forged)),
             Err("invalid peer token")
         );
+    }
+
+    fn on_clock(key: &[u8], offset_s: i64) -> Secret {
+        Secret::with_clock(
+            Some(key),
+            TOKEN_WINDOW,
+            Arc::new(SystemClock::with_offset(offset_s * 1_000_000_000)),
+        )
+    }
+
+    #[test]
+    fn a_refusal_for_the_time_teaches_the_sender_the_receivers_clock() {
+        // Ten minutes apart, either way: far past the window.
+        for skew in [600, -600] {
+            let sender = on_clock(b"k", 0);
+            let receiver = on_clock(b"k", skew);
+            let (token, seq) = sender.peer_token_off("a", 0).unwrap();
+            assert_eq!(receiver.check_peer_token(Some(&token)), Err(EXPIRED));
+            let word = receiver.clock_word(&token).unwrap();
+            let offset = sender.read_clock_word("a", seq, &word).unwrap();
+            assert!(
+                (offset - skew * 1_000).abs() < 1_000,
+                "skew {skew} s read as {offset} ms"
+            );
+            // Stamped on the receiver's clock, the next token is taken.
+            let (next, _) = sender.peer_token_off("a", offset).unwrap();
+            assert_eq!(receiver.check_peer_token(Some(&next)), Ok(Some("a".into())));
+
+            // The word answers that token only: not another of the
+            // sender's, not another sender's, not with its time changed,
+            // and not from a node without the secret.
+            assert_eq!(sender.read_clock_word("a", seq + 1, &word), None);
+            assert_eq!(sender.read_clock_word("b", seq, &word), None);
+            let (ms, tag) = word.split_once(':').unwrap();
+            let moved = format!("{}:{tag}", ms.parse::<u64>().unwrap() + 1);
+            assert_eq!(sender.read_clock_word("a", seq, &moved), None);
+            let outsider = on_clock(b"guess", skew);
+            let theirs = outsider.clock_word(&outsider.peer_token("a").unwrap());
+            assert_eq!(sender.read_clock_word("a", seq, &theirs.unwrap()), None);
+            // Another run of the sender (a restart) reads none of it.
+            assert_eq!(on_clock(b"k", 0).read_clock_word("a", seq, &word), None);
+            // A token that is not authentic gets no word.
+            assert_eq!(receiver.clock_word(&token.replacen(":0:", ":7:", 1)), None);
+        }
     }
 }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use tonic::{Request, Status};
 
-use crate::cluster::auth::{Secret, TOKEN_HEADER};
+use crate::cluster::auth::{EXPIRED, Secret, TOKEN_HEADER};
 use crate::config::{AdminConfig, MIN_ADMIN_TOKEN_BYTES};
 
 /// Why the admin token could not be had.
@@ -200,6 +200,9 @@ impl tonic::service::Interceptor for OperatorAuth {
         {
             return match self.secret.check_peer_token(token.to_str().ok()) {
                 Ok(_) => Ok(request),
+                Err(EXPIRED) => Err(Status::unauthenticated(format!(
+                    "admin call refused: {EXPIRED} (this node's clock and the caller's differ by more than cluster.token_window: correct NTP on both, or send the admin token instead)"
+                ))),
                 Err(why) => Err(Status::unauthenticated(format!(
                     "admin call refused: {why}"
                 ))),

@@ -6,7 +6,9 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 use crate::algorithm::{Bounds, Cost};
-use crate::cluster::auth::{BURIED_HEADER, MEMBER_HEADER, Secret, TOKEN_HEADER};
+use crate::cluster::auth::{
+    BURIED_HEADER, CLOCK_HEADER, EXPIRED, MEMBER_HEADER, Secret, TOKEN_HEADER,
+};
 use crate::cluster::peers::codec as wire;
 use crate::limiter::{Absorb, Ask, Check, ForwardedItem, LimitRef, Limiter, Mode, Replication};
 use crate::proto::PEER_PROTOCOL_VERSION;
@@ -102,7 +104,16 @@ impl PeerService {
             .get(TOKEN_HEADER)
             .and_then(|v| v.to_str().ok());
         if let Err(why) = self.secret.check_peer_token(token) {
-            return Err(Status::unauthenticated(format!("peer call refused: {why}")));
+            let mut status = Status::unauthenticated(format!("peer call refused: {why}"));
+            // Stamped off this node's clock: say what it reads, so the
+            // caller stamps its next tokens on it (`Secret::clock_word`).
+            if why == EXPIRED
+                && let Some(word) = token.and_then(|t| self.secret.clock_word(t))
+                && let Ok(v) = word.parse()
+            {
+                status.metadata_mut().insert(CLOCK_HEADER, v);
+            }
+            return Err(status);
         }
         if let Some((generation, node_id)) = request
             .metadata()

@@ -7,7 +7,7 @@
 //! opened lazily, reused, and dropped when the peer leaves the ring.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -17,7 +17,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 
-use super::auth::{BURIED_HEADER, MEMBER_HEADER, Secret, TOKEN_HEADER};
+use super::auth::{BURIED_HEADER, CLOCK_HEADER, MEMBER_HEADER, Secret, TOKEN_HEADER};
 use super::breaker::{Allow, Breaker, State as BreakerState};
 use super::faults::Faults;
 use super::membership::Presence;
@@ -120,6 +120,10 @@ struct Sender {
     /// This node's presence, once membership runs: each call carries its
     /// generation, and a peer's "buried" answer goes to it.
     presence: Arc<OnceLock<Arc<Presence>>>,
+    /// How far (ms) this peer's clock is from this node's, as its last
+    /// refusal of a token stamped outside its window said: tokens for it
+    /// are stamped on its clock (0 until it refuses one).
+    token_offset_ms: Arc<AtomicI64>,
 }
 
 /// The set of peer clients; cheap to clone.
@@ -260,6 +264,7 @@ impl Peers {
             presence: self.inner.presence.clone(),
             gone: stop.clone(),
             figures: Arc::default(),
+            token_offset_ms: Arc::default(),
         };
         tokio::spawn(batcher::batch_loop(
             rx,

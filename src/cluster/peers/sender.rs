@@ -16,13 +16,17 @@ const CLOCK_CLEAR: Duration = Duration::from_millis(200);
 const CLOCK_MAX_RTT: u64 = 50_000_000;
 
 impl Sender {
-    /// The deadline, token and membership of a peer call.
-    fn authorize<T>(&self, request: &mut tonic::Request<T>, timeout: Duration) {
+    /// The deadline, token and membership of a peer call; the token's
+    /// sequence number (what a refusal's clock word answers).
+    fn authorize<T>(&self, request: &mut tonic::Request<T>, timeout: Duration) -> Option<u64> {
         request.set_timeout(timeout);
-        if let Some(token) = self.secret.peer_token(&self.self_id)
+        let offset = self.token_offset_ms.load(Ordering::Relaxed);
+        let mut seq = None;
+        if let Some((token, s)) = self.secret.peer_token_off(&self.self_id, offset)
             && let Ok(value) = token.parse()
         {
             request.metadata_mut().insert(TOKEN_HEADER, value);
+            seq = Some(s);
         }
         if let Some(p) = self.presence.get() {
             let mut member = p.generation().to_be_bytes().to_vec();
@@ -32,6 +36,40 @@ impl Sender {
                 tonic::metadata::MetadataValue::from_bytes(&member),
             );
         }
+        seq
+    }
+
+    /// A refusal of this node's token as stamped outside the peer's window,
+    /// with the peer's clock word: its next tokens are stamped on the
+    /// peer's clock. The refused call did nothing there (the token is
+    /// checked before anything else) and is not sent again — its caller
+    /// sees it fail, once per clock step — as a refusal, not as the peer
+    /// unreachable (its breaker counts nothing). Whether it was one.
+    fn expired(&self, status: &tonic::Status, seq: Option<u64>) -> bool {
+        let Some(word) = status
+            .metadata()
+            .get(CLOCK_HEADER)
+            .and_then(|v| v.to_str().ok())
+        else {
+            return false;
+        };
+        let Some(offset) =
+            seq.and_then(|seq| self.secret.read_clock_word(&self.self_id, seq, word))
+        else {
+            return false;
+        };
+        let was = self.token_offset_ms.swap(offset, Ordering::Relaxed);
+        // Calls in flight together are refused together: one warning per
+        // step of the clocks, not per call.
+        if offset.abs_diff(was) > 1_000 {
+            tracing::warn!(
+                peer = %self.node_id,
+                offset_s = offset as f64 / 1e3,
+                was_s = was as f64 / 1e3,
+                "a peer refused this node's token as outside its clock's window: stamping its tokens on its clock (check NTP on both)"
+            );
+        }
+        true
     }
 
     /// A refusal that says this node's generation is buried: tell presence
@@ -98,10 +136,10 @@ impl Sender {
             Some(e) => Err(e),
             None => {
                 let mut request = tonic::Request::new(request);
-                self.authorize(&mut request, timeout);
+                let seq = self.authorize(&mut request, timeout);
                 match tokio::time::timeout(timeout, rpc(self.client.clone(), request)).await {
                     Ok(Ok(r)) => Ok(r.into_inner()),
-                    Ok(Err(status)) => Err(self.failed(&status)),
+                    Ok(Err(status)) => Err(self.failed(&status, seq)),
                     Err(_) => Err(ForwardError::Unreachable {
                         peer: self.node_id.to_string(),
                         reason: "deadline exceeded".to_string(),
@@ -115,10 +153,14 @@ impl Sender {
 
     /// A call's error status as a forward error: a refusal for the call's
     /// size or shape (the peer answered) is not unreachability.
-    fn failed(&self, status: &tonic::Status) -> ForwardError {
+    fn failed(&self, status: &tonic::Status, seq: Option<u64>) -> ForwardError {
         self.heard(status);
+        let expired = self.expired(status, seq);
         let peer = self.node_id.to_string();
         let reason = format!("{}: {}", status.code(), status.message());
+        if expired {
+            return ForwardError::Refused { peer, reason };
+        }
         match status.code() {
             tonic::Code::ResourceExhausted
             | tonic::Code::InvalidArgument
@@ -181,7 +223,7 @@ impl Sender {
             from_node: self.self_id.to_string(),
             items,
         });
-        self.authorize(&mut request, timeout);
+        let seq = self.authorize(&mut request, timeout);
         let unreachable = |reason: String| ForwardError::Unreachable {
             peer: self.node_id.to_string(),
             reason,
@@ -196,7 +238,8 @@ impl Sender {
             }
             Ok(Err(status)) => {
                 self.metrics.forward_error(&self.node_id, "rpc");
-                if self.heard(&status) {
+                let expired = self.expired(&status, seq);
+                if self.heard(&status) || expired {
                     // The peer answered: not a failure for its breaker.
                     return Err(ForwardError::Refused {
                         peer: self.node_id.to_string(),
