@@ -191,7 +191,7 @@ impl Gossip {
                 let changes = cc.subscribe_event("", move |_| refresh_now.notify_one());
                 (cc.live_nodes_watcher(), changes)
             };
-            let (rejoin, was) = loop {
+            let (rejoin, was, past) = loop {
                 let gap = self.presence.round(self.presence.boot());
                 if gap >= self.presence.away_after() {
                     tracing::warn!(
@@ -237,17 +237,24 @@ impl Gossip {
                         self.size_floor = None;
                     }
                 }
-                if view.self_tombstoned || self.presence.buried_by_word() {
+                if view.self_tombstoned
+                    || self.presence.buried_by_word()
+                    || view.self_outranked.is_some()
+                {
                     let was = self.presence.lifecycle();
                     if was == Lifecycle::Ready {
                         self.presence.set_lifecycle(Lifecycle::Joining);
                     }
                     let why = if view.self_tombstoned {
-                        "declared dead by a peer"
+                        "declared dead by a peer".to_string()
+                    } else if let Some(newer) = view.self_outranked {
+                        format!(
+                            "an earlier life of this node id, gone, is generation {newer}, newer than this one (the wall clock stepped back across a restart?)"
+                        )
                     } else {
-                        "a peer refused a call: this generation is buried"
+                        "a peer refused a call: this generation is buried".to_string()
                     };
-                    break (why.to_string(), was);
+                    break (why, was, view.self_outranked.unwrap_or(0));
                 }
                 if returning.as_ref().is_some_and(|r| r.settled(&view)) {
                     tracing::info!("back from away and not declared dead: owning again");
@@ -303,7 +310,7 @@ impl Gossip {
             returning = None;
             hearing = Hearing::default();
             deaf = false;
-            match self.rejoin(handle, &rejoin, was).await {
+            match self.rejoin(handle, &rejoin, was, past).await {
                 Some(h) => {
                     handle = h;
                     burials.forget_seen();
@@ -318,13 +325,15 @@ impl Gossip {
         }
     }
 
-    /// Restart chitchat as a new generation, `joining`; turn ready again
+    /// Restart chitchat as a new generation, `joining`, newer than this
+    /// one and than `past` (an earlier life of this id); turn ready again
     /// by the join rule (in the background) if this node had joined.
     async fn rejoin(
         &mut self,
         handle: ChitchatHandle,
         why: &str,
         was: Lifecycle,
+        past: u64,
     ) -> Option<ChitchatHandle> {
         let old = self.presence.generation();
         let known: Vec<String> = self
@@ -336,7 +345,9 @@ impl Gossip {
             .map(|m| m.gossip_addr.to_string())
             .collect();
         let _ = handle.shutdown().await;
-        let generation = (self.settings.clock.wall() / 1_000_000).max(old + 1);
+        let generation = (self.settings.clock.wall() / 1_000_000)
+            .max(old + 1)
+            .max(past.saturating_add(1));
         tracing::warn!(
             why,
             old_generation = old,

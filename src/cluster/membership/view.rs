@@ -155,6 +155,11 @@ pub struct ClusterView {
     pub size: usize,
     /// Someone declared this node's generation dead: it must rejoin.
     pub self_tombstoned: bool,
+    /// A newer generation of this node's id, gone (it left, or was
+    /// buried): an earlier life of this id, started on a wall clock since
+    /// stepped back. This node must rejoin past it: a departed newer
+    /// generation shadows it for good, and peers read generations as ages.
+    pub self_outranked: Option<u64>,
     /// Ready peers this node hears whose failure detectors suspect this
     /// node's generation (one short of a majority may bury it).
     pub suspected_by: usize,
@@ -173,6 +178,7 @@ impl ClusterView {
             ring: Arc::new(Ring::default()),
             size: 1,
             self_tombstoned: false,
+            self_outranked: None,
             suspected_by: 0,
             buried: Arc::default(),
         }
@@ -216,6 +222,7 @@ impl ClusterView {
             && self.size == other.size
             && self.self_generation == other.self_generation
             && self.self_tombstoned == other.self_tombstoned
+            && self.self_outranked == other.self_outranked
             && self.suspected_by == other.suspected_by
             && self.buried == other.buried
     }
@@ -233,6 +240,7 @@ pub(super) struct Reading {
     members: Vec<MemberInfo>,
     size: usize,
     self_tombstoned: bool,
+    self_outranked: Option<u64>,
     suspected_by: usize,
     buried: BTreeSet<Tombstone>,
 }
@@ -314,9 +322,16 @@ impl Reading {
             })
             .count();
         let self_tombstoned = buried(self_cc);
+        let self_outranked = known
+            .iter()
+            .filter(|id| id.node_id == self_id && id.generation_id > self_cc.generation_id)
+            .filter(|id| buried(id) || departed(id))
+            .map(|id| id.generation_id)
+            .max();
         Reading {
             suspected_by,
             self_tombstoned,
+            self_outranked,
             buried: dead,
             self_id,
             self_generation: self_cc.generation_id,
@@ -347,6 +362,7 @@ impl Reading {
             ring,
             size: self.size,
             self_tombstoned: self.self_tombstoned,
+            self_outranked: self.self_outranked,
             suspected_by: self.suspected_by,
             buried: if self.buried == *previous.buried {
                 previous.buried.clone()
@@ -551,6 +567,7 @@ mod tests {
             members,
             size: 3,
             self_tombstoned: false,
+            self_outranked: None,
             suspected_by: 0,
             buried: BTreeSet::new(),
         }
