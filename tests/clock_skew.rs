@@ -9,8 +9,10 @@
 //! Intervals: gossip 100 ms (`common::procs`); the callers' deadline 1 s
 //! — well under the skew, so an instant sent on one clock and read on
 //! another would expire (behind) or outlive (ahead) every forward, and
-//! ample for a loaded 2-core machine. The skew stays within the peer
-//! token's 10 s window (the two skewed nodes are 6 s apart).
+//! ample for a loaded 2-core machine. In the first test the skew stays
+//! within the peer token's 10 s window (the two skewed nodes are 6 s
+//! apart); in the second, nodes 10 minutes off learn each other's clocks
+//! from their first refusals, and nothing falls back after.
 
 mod common;
 
@@ -130,7 +132,21 @@ async fn a_node_10_min_off_either_way_is_corrected_to_and_answers_exact() {
             .await;
         }
     }
+    // Nothing falls back from here on: every token is stamped on its
+    // receiver's clock.
+    let mut fell_back = Vec::new();
+    for p in &procs {
+        fell_back.push(p.metric("sluice_fallback_decisions").await);
+    }
     every_answer_exact(&procs, &ids, "far").await;
+    for (p, before) in procs.iter().zip(fell_back) {
+        assert_eq!(
+            p.metric("sluice_fallback_decisions").await,
+            before,
+            "{} decided without an owner after the first refusals",
+            p.id
+        );
+    }
     // The true node reads its peers' clocks from their answers.
     let truth = &procs[1];
     for (peer, want) in [("far-ahead", FAR_S), ("far-behind", -FAR_S)] {

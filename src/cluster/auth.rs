@@ -158,27 +158,33 @@ impl Secret {
     }
 
     /// A fresh token for one call from `sender`, at the current time:
-    /// `sender:run:seq:ms:mac`. Each token is accepted once.
+    /// `sender:run:seq:ms:mac`, good at any node (the operator's CLI, which
+    /// knows an address, not a node id; peers of protocol 2). Each token is
+    /// accepted once.
     pub fn peer_token(&self, sender: &str) -> Option<String> {
-        self.peer_token_off(sender, 0).map(|(token, _)| token)
+        self.peer_token_for(sender, None, 0).map(|(token, _)| token)
     }
 
-    /// A fresh token stamped `offset_ms` off this node's clock — on the
-    /// receiver's clock, as its [`Secret::clock_word`] taught — with its
-    /// sequence number (what a clock word answers).
-    pub fn peer_token_off(&self, sender: &str, offset_ms: i64) -> Option<(String, u64)> {
+    /// A fresh token for one call from `sender` to `receiver` (when given:
+    /// good there only), stamped `offset_ms` off this node's clock — on
+    /// the receiver's clock, as its [`Secret::clock_word`] taught — with
+    /// its sequence number (what a clock word answers).
+    pub fn peer_token_for(
+        &self,
+        sender: &str,
+        receiver: Option<&str>,
+        offset_ms: i64,
+    ) -> Option<(String, u64)> {
         let seq = self.0.seq.fetch_add(1, Ordering::Relaxed);
         let ms = self.unix_ms().saturating_add_signed(offset_ms);
-        Some((self.token_at(sender, self.0.run, seq, ms)?, seq))
+        let tag = self.mac(&[&token_message(sender, receiver, self.0.run, seq, ms)])?;
+        let run = self.0.run;
+        Some((format!("{sender}:{run}:{seq}:{ms}:{}", hex(&tag)), seq))
     }
 
-    fn token_at(&self, sender: &str, run: u64, seq: u64, ms: u64) -> Option<String> {
-        let tag = self.mac(&[&token_message(sender, run, seq, ms)])?;
-        Some(format!("{sender}:{run}:{seq}:{ms}:{}", hex(&tag)))
-    }
-
-    /// A token's parts, its MAC checked (not its time, nor replays).
-    fn authentic<'a>(&self, token: &'a str) -> Result<Token<'a>, &'static str> {
+    /// A token's parts, its MAC checked — bound to `me`, or to no receiver
+    /// — not its time, nor replays.
+    fn authentic<'a>(&self, token: &'a str, me: &str) -> Result<Token<'a>, &'static str> {
         let malformed = "malformed peer token";
         let mut parts = token.rsplitn(5, ':');
         let (tag, ms, seq, run, sender) = match (
@@ -194,7 +200,8 @@ impl Secret {
         let number = |s: &str| s.parse::<u64>().map_err(|_| malformed);
         let (ms, seq, run) = (number(ms)?, number(seq)?, number(run)?);
         let tag = unhex(tag).ok_or(malformed)?;
-        if !self.verify(&[&token_message(sender, run, seq, ms)], &tag) {
+        let bound = |receiver| self.verify(&[&token_message(sender, receiver, run, seq, ms)], &tag);
+        if !bound(Some(me)) && !bound(None) {
             return Err("invalid peer token");
         }
         Ok(Token {
@@ -205,9 +212,14 @@ impl Secret {
         })
     }
 
-    /// Check a peer token: valid MAC, inside the window, never seen before.
-    /// Returns the sender's id.
-    pub fn check_peer_token(&self, token: Option<&str>) -> Result<Option<String>, &'static str> {
+    /// Check a peer token at node `me`: valid MAC (for `me`, or for any
+    /// node), inside the window, never seen before. Returns the sender's
+    /// id.
+    pub fn check_peer_token(
+        &self,
+        token: Option<&str>,
+        me: &str,
+    ) -> Result<Option<String>, &'static str> {
         if !self.is_set() {
             return Ok(None);
         }
@@ -217,7 +229,7 @@ impl Secret {
             run,
             seq,
             ms,
-        } = self.authentic(token)?;
+        } = self.authentic(token, me)?;
         let now = self.unix_ms();
         if now.abs_diff(ms) > self.0.window.as_millis() as u64 {
             return Err(EXPIRED);
@@ -231,41 +243,45 @@ impl Secret {
         Ok(Some(sender.to_string()))
     }
 
-    /// For a token refused as [`EXPIRED`]: this node's clock (ms since the
-    /// epoch) and a MAC over it and the token, `ms:mac` — the
-    /// [`CLOCK_HEADER`] of the refusal. Its sender then stamps its tokens
-    /// for this node on this node's clock ([`Secret::read_clock_word`]), so
-    /// a node whose wall clock stepped or drifted past the window keeps
-    /// talking to its peers (as a Kerberos client corrects by the server's
-    /// time in a skew error) instead of standing in the ring unreachable.
-    /// The window still bounds a token's worth on the receiver's clock.
-    /// None for a token that is not authentic.
-    pub fn clock_word(&self, token: &str) -> Option<String> {
-        let t = self.authentic(token).ok()?;
+    /// For a token refused at node `me` as [`EXPIRED`]: this node's clock
+    /// (ms since the epoch) and a MAC over it, `me` and the token,
+    /// `ms:mac` — the [`CLOCK_HEADER`] of the refusal. Its sender then
+    /// stamps its tokens for this node on this node's clock
+    /// ([`Secret::read_clock_word`]), so a node whose wall clock stepped
+    /// or drifted past the window keeps talking to its peers (as a
+    /// Kerberos client corrects by the server's time in a skew error)
+    /// instead of standing in the ring unreachable. The window still
+    /// bounds a token's worth on the receiver's clock, and a token for
+    /// this node is worth nothing at another. None for a token that is
+    /// not authentic.
+    pub fn clock_word(&self, token: &str, me: &str) -> Option<String> {
+        let t = self.authentic(token, me).ok()?;
         let now = self.unix_ms();
-        let tag = self.mac(&[&clock_message(t.sender, t.run, t.seq, now)])?;
+        let tag = self.mac(&[&clock_message(t.sender, me, t.run, t.seq, now)])?;
         Some(format!("{now}:{}", hex(&tag)))
     }
 
-    /// The offset (ms) of a peer's clock from this node's, from the clock
+    /// The offset (ms) of `peer`'s clock from this node's, from the clock
     /// word its refusal of this node's token `seq`, sent as `sender`,
     /// carried. None unless the word is that peer's answer to that token.
-    pub fn read_clock_word(&self, sender: &str, seq: u64, word: &str) -> Option<i64> {
+    pub fn read_clock_word(&self, sender: &str, peer: &str, seq: u64, word: &str) -> Option<i64> {
         let (ms, tag) = word.split_once(':')?;
         let ms = ms.parse::<u64>().ok()?;
         let tag = unhex(tag)?;
-        if !self.is_set() || !self.verify(&[&clock_message(sender, self.0.run, seq, ms)], &tag) {
+        let message = clock_message(sender, peer, self.0.run, seq, ms);
+        if !self.is_set() || !self.verify(&[&message], &tag) {
             return None;
         }
         Some(ms as i64 - self.unix_ms() as i64)
     }
 }
 
-/// What a clock word's MAC covers: the answering node's time and the
-/// refused token's sender, run and sequence — so only that token's sender
-/// can read it, for that call (a word captured off the wire fits no other).
-fn clock_message(sender: &str, run: u64, seq: u64, now_ms: u64) -> Vec<u8> {
-    mac_message(b"sluice-clock-v1", sender, run, seq, now_ms)
+/// What a clock word's MAC covers: the answering node's id and time and
+/// the refused token's sender, run and sequence — so only that token's
+/// sender can read it, for that call to that node (a word captured off
+/// the wire, or another node's, fits no other).
+fn clock_message(sender: &str, receiver: &str, run: u64, seq: u64, now_ms: u64) -> Vec<u8> {
+    mac_message(b"sluice-clock-v1", &[sender, receiver], [run, seq, now_ms])
 }
 
 /// A peer token's parts.
@@ -276,18 +292,26 @@ struct Token<'a> {
     ms: u64,
 }
 
-/// The bytes a peer token's MAC covers (the sender length-prefixed, so no
-/// two tokens share them).
-fn token_message(sender: &str, run: u64, seq: u64, ms: u64) -> Vec<u8> {
-    mac_message(b"sluice-peer-v2", sender, run, seq, ms)
+/// The bytes a peer token's MAC covers: the sender, and — from peer
+/// protocol 3 on — the receiver (a token captured off the wire is worth
+/// nothing at another node), each length-prefixed so no two tokens share
+/// them.
+fn token_message(sender: &str, receiver: Option<&str>, run: u64, seq: u64, ms: u64) -> Vec<u8> {
+    match receiver {
+        Some(receiver) => mac_message(b"sluice-peer-v3", &[sender, receiver], [run, seq, ms]),
+        None => mac_message(b"sluice-peer-v2", &[sender], [run, seq, ms]),
+    }
 }
 
-fn mac_message(domain: &[u8], sender: &str, run: u64, seq: u64, ms: u64) -> Vec<u8> {
-    let mut m = Vec::with_capacity(domain.len() + 32 + sender.len());
+fn mac_message(domain: &[u8], names: &[&str], numbers: [u64; 3]) -> Vec<u8> {
+    let mut m =
+        Vec::with_capacity(domain.len() + 40 + names.iter().map(|n| n.len() + 8).sum::<usize>());
     m.extend_from_slice(domain);
-    m.extend_from_slice(&(sender.len() as u64).to_le_bytes());
-    m.extend_from_slice(sender.as_bytes());
-    for n in [run, seq, ms] {
+    for name in names {
+        m.extend_from_slice(&(name.len() as u64).to_le_bytes());
+        m.extend_from_slice(name.as_bytes());
+    }
+    for n in numbers {
         m.extend_from_slice(&n.to_le_bytes());
     }
     m
@@ -427,18 +451,18 @@ mod tests {
     fn peer_tokens_name_the_sender_and_need_the_secret() {
         let s = Secret::new(Some(b"k"));
         let t = s.peer_token("node:a").unwrap();
-        assert_eq!(s.check_peer_token(Some(&t)), Ok(Some("node:a".into())));
+        assert_eq!(s.check_peer_token(Some(&t), "b"), Ok(Some("node:a".into())));
         let other = Secret::new(Some(b"other"));
         assert!(
             other
-                .check_peer_token(Some(&s.peer_token("n").unwrap()))
+                .check_peer_token(Some(&s.peer_token("n").unwrap()), "b")
                 .is_err()
         );
-        assert!(s.check_peer_token(None).is_err());
-        assert!(s.check_peer_token(Some("a:1:2:3:zz")).is_err());
-        let stale = s.token_at("n", 1, 0, 1).unwrap();
-        assert_eq!(s.check_peer_token(Some(&stale)), Err("expired peer token"));
-        assert_eq!(Secret::new(None).check_peer_token(None), Ok(None));
+        assert!(s.check_peer_token(None, "b").is_err());
+        assert!(s.check_peer_token(Some("a:1:2:3:zz"), "b").is_err());
+        let stale = on_clock(b"k", -60).peer_token("n").unwrap();
+        assert_eq!(s.check_peer_token(Some(&stale), "b"), Err(EXPIRED));
+        assert_eq!(Secret::new(None).check_peer_token(None, "b"), Ok(None));
     }
 
     #[test]
@@ -448,16 +472,16 @@ mod tests {
         let first = sender.peer_token("a").unwrap();
         let second = sender.peer_token("a").unwrap();
         assert_ne!(first, second);
-        assert!(receiver.check_peer_token(Some(&second)).is_ok());
-        assert!(receiver.check_peer_token(Some(&first)).is_ok());
+        assert!(receiver.check_peer_token(Some(&second), "b").is_ok());
+        assert!(receiver.check_peer_token(Some(&first), "b").is_ok());
         assert_eq!(
-            receiver.check_peer_token(Some(&first)),
+            receiver.check_peer_token(Some(&first), "b"),
             Err("replayed peer token")
         );
         // A tampered field breaks the MAC.
         let forged = first.replacen(":0:", ":7:", 1);
         assert_eq!(
-            receiver.check_peer_token(Some(&forged)),
+            receiver.check_peer_token(Some(&forged), "b"),
             Err("invalid peer token")
         );
     }
@@ -471,38 +495,71 @@ mod tests {
     }
 
     #[test]
+    fn a_token_for_one_node_is_worth_nothing_at_another() {
+        let sender = Secret::new(Some(b"k"));
+        let (token, _) = sender.peer_token_for("a", Some("b"), 0).unwrap();
+        // Captured off the wire on its way to b, played at c: refused.
+        let c = Secret::new(Some(b"k"));
+        assert_eq!(
+            c.check_peer_token(Some(&token), "c"),
+            Err("invalid peer token")
+        );
+        let b = Secret::new(Some(b"k"));
+        assert_eq!(b.check_peer_token(Some(&token), "b"), Ok(Some("a".into())));
+        // An unbound token (the CLI's, a protocol-2 peer's) is good at any.
+        let any = sender.peer_token("a").unwrap();
+        assert_eq!(c.check_peer_token(Some(&any), "c"), Ok(Some("a".into())));
+    }
+
+    #[test]
     fn a_refusal_for_the_time_teaches_the_sender_the_receivers_clock() {
         // Ten minutes apart, either way: far past the window.
         for skew in [600, -600] {
             let sender = on_clock(b"k", 0);
             let receiver = on_clock(b"k", skew);
-            let (token, seq) = sender.peer_token_off("a", 0).unwrap();
-            assert_eq!(receiver.check_peer_token(Some(&token)), Err(EXPIRED));
-            let word = receiver.clock_word(&token).unwrap();
-            let offset = sender.read_clock_word("a", seq, &word).unwrap();
+            let (token, seq) = sender.peer_token_for("a", Some("b"), 0).unwrap();
+            assert_eq!(receiver.check_peer_token(Some(&token), "b"), Err(EXPIRED));
+            let word = receiver.clock_word(&token, "b").unwrap();
+            let offset = sender.read_clock_word("a", "b", seq, &word).unwrap();
             assert!(
                 (offset - skew * 1_000).abs() < 1_000,
                 "skew {skew} s read as {offset} ms"
             );
             // Stamped on the receiver's clock, the next token is taken.
-            let (next, _) = sender.peer_token_off("a", offset).unwrap();
-            assert_eq!(receiver.check_peer_token(Some(&next)), Ok(Some("a".into())));
+            let (next, _) = sender.peer_token_for("a", Some("b"), offset).unwrap();
+            assert_eq!(
+                receiver.check_peer_token(Some(&next), "b"),
+                Ok(Some("a".into()))
+            );
 
             // The word answers that token only: not another of the
-            // sender's, not another sender's, not with its time changed,
-            // and not from a node without the secret.
-            assert_eq!(sender.read_clock_word("a", seq + 1, &word), None);
-            assert_eq!(sender.read_clock_word("b", seq, &word), None);
+            // sender's, not another sender's, not as another node's
+            // answer, not with its time changed, and not from a node
+            // without the secret.
+            assert_eq!(sender.read_clock_word("a", "b", seq + 1, &word), None);
+            assert_eq!(sender.read_clock_word("x", "b", seq, &word), None);
+            assert_eq!(sender.read_clock_word("a", "c", seq, &word), None);
             let (ms, tag) = word.split_once(':').unwrap();
             let moved = format!("{}:{tag}", ms.parse::<u64>().unwrap() + 1);
-            assert_eq!(sender.read_clock_word("a", seq, &moved), None);
+            assert_eq!(sender.read_clock_word("a", "b", seq, &moved), None);
             let outsider = on_clock(b"guess", skew);
-            let theirs = outsider.clock_word(&outsider.peer_token("a").unwrap());
-            assert_eq!(sender.read_clock_word("a", seq, &theirs.unwrap()), None);
+            let theirs = outsider.clock_word(&outsider.peer_token("a").unwrap(), "b");
+            assert_eq!(
+                sender.read_clock_word("a", "b", seq, &theirs.unwrap()),
+                None
+            );
             // Another run of the sender (a restart) reads none of it.
-            assert_eq!(on_clock(b"k", 0).read_clock_word("a", seq, &word), None);
-            // A token that is not authentic gets no word.
-            assert_eq!(receiver.clock_word(&token.replacen(":0:", ":7:", 1)), None);
+            assert_eq!(
+                on_clock(b"k", 0).read_clock_word("a", "b", seq, &word),
+                None
+            );
+            // A token that is not authentic, or not for this node, gets
+            // no word.
+            assert_eq!(
+                receiver.clock_word(&token.replacen(":0:", ":7:", 1), "b"),
+                None
+            );
+            assert_eq!(receiver.clock_word(&token, "c"), None);
         }
     }
 }

@@ -44,7 +44,7 @@ impl crate::limiter::Limiter {
         }
         let me_now = Heard {
             node_id: self.shared.node_id.clone(),
-            born: self.shared.born,
+            born: self.shared.presence.born(),
             generation: view.self_generation,
         };
         let adopted = self

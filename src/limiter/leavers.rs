@@ -186,7 +186,7 @@ impl Limiter {
             if let Some((ring, adopted_in)) = ring {
                 let change = Change {
                     me: &me,
-                    born: self.shared.born,
+                    born: self.shared.presence.born(),
                     // Not seen held: it never handed this node what it held.
                     held: &|_| false,
                     previous: &ring,

@@ -192,9 +192,6 @@ struct Shared {
     catch_up: caught_up::CatchUp,
     /// Members seen leaving and the rings they left (`leavers.rs`).
     leavers: leavers::Leavers,
-    /// The generation this process started as (a rejoin is a newer one;
-    /// an older one was another process, its counts lost with it).
-    born: u64,
     settings: ClusterSettings,
     /// Decisions by status and path, sampled once a second (`rates.rs`).
     rates: rates::Rates,
@@ -249,7 +246,6 @@ impl Limiter {
                 doubts: doubt::Doubts::new(parts.settings.in_doubt_grace.as_nanos() as u64),
                 catch_up: caught_up::CatchUp::default(),
                 leavers: leavers::Leavers::default(),
-                born: generation,
                 settings: parts.settings,
                 rates: rates::Rates::new(),
             }),
@@ -393,7 +389,7 @@ impl Limiter {
         let held = |id: &str| transfer_done && catch_up.confirmed_since(id, previous_epoch, since);
         let change = doubt::Change {
             me: &me,
-            born: self.shared.born,
+            born: self.shared.presence.born(),
             held: &held,
             previous,
             view: old.ring_since,

@@ -50,8 +50,9 @@ pub mod envoy {
 /// The peer protocol version this build speaks: 2 added `Sync` (replicas
 /// and handoff) and `Pull`; 3 adds views to `Pull`, `Transfer` (ownership
 /// moves with a completion mark), `Reset` at the owner, relative forward
-/// budgets and reset generations in reports. It answers peers one version
-/// apart.
+/// budgets and reset generations in reports, and peer tokens bound to
+/// their receiver (a protocol-2 peer gets and sends unbound ones). It
+/// answers peers one version apart.
 pub const PEER_PROTOCOL_VERSION: u32 = 3;
 
 /// The encoded descriptors of the server's own protos (Envoy's RLS), served

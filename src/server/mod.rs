@@ -26,6 +26,8 @@ mod uds;
 mod watch;
 mod world;
 
+pub use watch::apply_policies;
+
 pub use world::World;
 
 use crate::clock::SharedClock;
@@ -393,7 +395,7 @@ impl Node {
             limiter.clone(),
             admin,
             peer,
-            OperatorAuth::new(admin_token.clone(), secret),
+            OperatorAuth::new(admin_token.clone(), secret, &config.node_id),
             NodeLife {
                 readiness: &readiness,
                 stopping: shutdown.clone(),

@@ -176,11 +176,17 @@ fn private_file(path: &Path) -> std::io::Result<std::fs::File> {
 pub struct OperatorAuth {
     token: AdminToken,
     secret: Secret,
+    /// This node's id: a peer token bound to another node is refused.
+    node_id: Arc<str>,
 }
 
 impl OperatorAuth {
-    pub fn new(token: AdminToken, secret: Secret) -> OperatorAuth {
-        OperatorAuth { token, secret }
+    pub fn new(token: AdminToken, secret: Secret, node_id: &str) -> OperatorAuth {
+        OperatorAuth {
+            token,
+            secret,
+            node_id: Arc::from(node_id),
+        }
     }
 }
 
@@ -198,7 +204,10 @@ impl tonic::service::Interceptor for OperatorAuth {
         if let Some(token) = metadata.get(TOKEN_HEADER)
             && self.secret.is_set()
         {
-            return match self.secret.check_peer_token(token.to_str().ok()) {
+            return match self
+                .secret
+                .check_peer_token(token.to_str().ok(), &self.node_id)
+            {
                 Ok(_) => Ok(request),
                 Err(EXPIRED) => Err(Status::unauthenticated(format!(
                     "admin call refused: {EXPIRED} (this node's clock and the caller's differ by more than cluster.token_window: correct NTP on both, or send the admin token instead)"
@@ -334,7 +343,7 @@ mod tests {
     fn only_the_token_or_a_secret_signature_passes() {
         use tonic::service::Interceptor;
         let secret = Secret::new(Some(b"cluster"));
-        let mut auth = OperatorAuth::new(AdminToken::of(b"0123456789abcdef0"), secret.clone());
+        let mut auth = OperatorAuth::new(AdminToken::of(b"0123456789abcdef0"), secret.clone(), "n");
         let call = |header: Option<(&'static str, String)>| {
             let mut r = Request::new(());
             if let Some((k, v)) = header {
@@ -366,7 +375,8 @@ mod tests {
             Some(tonic::Code::Unauthenticated)
         );
         // With no cluster secret, a peer token proves nothing.
-        let mut alone = OperatorAuth::new(AdminToken::of(b"0123456789abcdef0"), Secret::new(None));
+        let mut alone =
+            OperatorAuth::new(AdminToken::of(b"0123456789abcdef0"), Secret::new(None), "n");
         assert_eq!(
             code(alone.call(call(Some((TOKEN_HEADER, "x:1:1:1:00".into()))))),
             Some(tonic::Code::Unauthenticated)

@@ -103,12 +103,13 @@ impl PeerService {
             .metadata()
             .get(TOKEN_HEADER)
             .and_then(|v| v.to_str().ok());
-        if let Err(why) = self.secret.check_peer_token(token) {
+        let me = self.limiter.node_id();
+        if let Err(why) = self.secret.check_peer_token(token, me) {
             let mut status = Status::unauthenticated(format!("peer call refused: {why}"));
             // Stamped off this node's clock: say what it reads, so the
             // caller stamps its next tokens on it (`Secret::clock_word`).
             if why == EXPIRED
-                && let Some(word) = token.and_then(|t| self.secret.clock_word(t))
+                && let Some(word) = token.and_then(|t| self.secret.clock_word(t, me))
                 && let Ok(v) = word.parse()
             {
                 status.metadata_mut().insert(CLOCK_HEADER, v);

@@ -47,7 +47,7 @@ use tokio_util::sync::CancellationToken;
 use super::hearing::{Hearing, Returning};
 use super::presence::Presence;
 use super::prune;
-use super::view::{Burials, ClusterView, DEAD, Reading, STATE, SUSPECTS, encode_tombstones};
+use super::view::{BORN, Burials, ClusterView, DEAD, Reading, STATE, SUSPECTS, encode_tombstones};
 use super::{Lifecycle, Slot, join_wait};
 use crate::cluster::auth::AuthTransport;
 
@@ -354,6 +354,16 @@ impl Gossip {
             generation,
             "this node may have been declared dead: rejoining as a new member"
         );
+        // Past an earlier life of this id, the generations between are
+        // that other process's: this one is born again here, or peers
+        // (and this node) would take that life's losses for this
+        // process's and end the doubt they opened.
+        if past >= self.presence.born() {
+            self.presence.set_born(generation);
+            if let Ok(mut slot) = self.slot.lock() {
+                slot.values.insert(BORN.to_string(), generation.to_string());
+            }
+        }
         // Publish the new, empty view at once: the limiter stops owning
         // anything (it sees itself in a minority of the `N` it knew, so
         // every key is on 1/N leases) and keeps its entries as copies.

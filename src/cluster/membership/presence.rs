@@ -47,6 +47,10 @@ pub struct Presence {
     /// outbound gossip is lost hears no peer's state, only heartbeats —
     /// but a peer call's answer does.
     told_buried: AtomicU64,
+    /// The generation this process's counts began at (gossip key `born`):
+    /// its first, unless it rejoined past an earlier life of its id (then
+    /// the rejoin's — generations between were that other process's).
+    born: AtomicU64,
     /// The node's clock: its boot clock stamps the rounds.
     clock: SharedClock,
 }
@@ -58,6 +62,7 @@ impl Presence {
             stamp: AtomicU64::new(clock.boot()),
             away_after,
             generation: AtomicU64::new(generation),
+            born: AtomicU64::new(generation),
             fenced: AtomicBool::new(false),
             cut_off: AtomicBool::new(false),
             told_buried: AtomicU64::new(0),
@@ -97,6 +102,16 @@ impl Presence {
 
     pub(super) fn set_generation(&self, generation: u64) {
         self.generation.store(generation, Ordering::SeqCst);
+    }
+
+    /// The generation this process's counts began at: every generation
+    /// from it to [`Presence::generation`] is this process.
+    pub fn born(&self) -> u64 {
+        self.born.load(Ordering::SeqCst)
+    }
+
+    pub(super) fn set_born(&self, generation: u64) {
+        self.born.store(generation, Ordering::SeqCst);
     }
 
     /// The gossip loop runs at `now` (a [`Presence::boot`] reading). If its previous

@@ -124,6 +124,8 @@ struct Sender {
     /// refusal of a token stamped outside its window said: tokens for it
     /// are stamped on its clock (0 until it refuses one).
     token_offset_ms: Arc<AtomicI64>,
+    /// The peer protocol it speaks (3 and on: tokens bound to it).
+    protocol: u32,
 }
 
 /// The set of peer clients; cheap to clone.
@@ -265,6 +267,7 @@ impl Peers {
             gone: stop.clone(),
             figures: Arc::default(),
             token_offset_ms: Arc::default(),
+            protocol,
         };
         tokio::spawn(batcher::batch_loop(
             rx,

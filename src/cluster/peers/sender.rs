@@ -21,8 +21,10 @@ impl Sender {
     fn authorize<T>(&self, request: &mut tonic::Request<T>, timeout: Duration) -> Option<u64> {
         request.set_timeout(timeout);
         let offset = self.token_offset_ms.load(Ordering::Relaxed);
+        // Good at this peer only, where it knows how (protocol 3).
+        let receiver = (self.protocol >= 3).then_some(&*self.node_id);
         let mut seq = None;
-        if let Some((token, s)) = self.secret.peer_token_off(&self.self_id, offset)
+        if let Some((token, s)) = self.secret.peer_token_for(&self.self_id, receiver, offset)
             && let Ok(value) = token.parse()
         {
             request.metadata_mut().insert(TOKEN_HEADER, value);
@@ -53,9 +55,10 @@ impl Sender {
         else {
             return false;
         };
-        let Some(offset) =
-            seq.and_then(|seq| self.secret.read_clock_word(&self.self_id, seq, word))
-        else {
+        let Some(offset) = seq.and_then(|seq| {
+            self.secret
+                .read_clock_word(&self.self_id, &self.node_id, seq, word)
+        }) else {
             return false;
         };
         let was = self.token_offset_ms.swap(offset, Ordering::Relaxed);
