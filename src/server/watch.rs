@@ -23,6 +23,7 @@ use crate::algorithm::Bounds;
 use crate::cluster::membership::Membership;
 use crate::config::{Config, EnvoyConfig, Sources};
 use crate::limiter::Limiter;
+use crate::policy::Policies;
 use crate::policy::rules::{self, Rules, RulesError};
 
 /// Watch `dir`; only events about a path `relevant` accepts count.
@@ -93,20 +94,27 @@ pub fn config(
             membership.clone(),
         );
         async move {
-            if let Some(hash) = reload_config(&sources, &running, &limiter) {
-                membership.set_policy_hash(&hash).await;
+            if let Some(policies) = reload_config(&sources, &running, &limiter) {
+                apply_policies(&limiter, &membership, policies).await;
             }
         }
     }))
 }
 
-/// Reload; the new policy hash on success.
-fn reload_config(sources: &Sources, running: &Config, limiter: &Limiter) -> Option<String> {
+/// Reloaded policies take over: the limiter decides by them from now, and
+/// the policy hash this node gossips follows. (The simulator's config
+/// reloads come through here too.)
+pub async fn apply_policies(limiter: &Limiter, membership: &Membership, policies: Policies) {
+    let hash = policies.hash();
+    limiter.set_policies(policies);
+    membership.set_policy_hash(&hash).await;
+}
+
+/// Reload; the new policies on success.
+fn reload_config(sources: &Sources, running: &Config, limiter: &Limiter) -> Option<Policies> {
     match crate::policy::load(sources) {
         Ok((config, policies)) => {
             let count = policies.len();
-            let hash = policies.hash();
-            limiter.set_policies(policies);
             limiter.metrics().reloaded(true);
             let mut rest = config.clone();
             rest.policies = running.policies.clone();
@@ -114,7 +122,7 @@ fn reload_config(sources: &Sources, running: &Config, limiter: &Limiter) -> Opti
                 tracing::warn!("config reloaded: policies applied; other changes need a restart");
             }
             tracing::info!(policies = count, "config reloaded");
-            Some(hash)
+            Some(policies)
         }
         Err(e) => {
             limiter.metrics().reloaded(false);

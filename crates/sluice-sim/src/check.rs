@@ -44,6 +44,14 @@
 //! the grace is still a violation. When every node is lost at once (no
 //! process that may hold a copy runs), the nodes that start after are a
 //! new cluster: every key starts over from that instant, with no grace.
+//!
+//! An operator's reset of a key (`ResetKey`) starts its count over at its
+//! owner somewhere between the reset's sending and its answer — or, if it
+//! failed, at any time after its sending, or never. Two answers are
+//! compared only when no reset of the key may fall between them (each
+//! wholly before it was sent or wholly after it took effect); each reset
+//! lets the limit be admitted once more; and the final count covers the
+//! exact admissions sent after the last reset was answered.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -53,7 +61,7 @@ use sluice::cluster::ring::{Member, Ring};
 use crate::faults::Faults;
 pub use crate::faults::{JOIN, LAG, REJOIN, WIPE_WINDOW, cut_off_fence, first_ready, pause_death};
 
-use crate::history::{Call, History};
+use crate::history::{Call, History, Reset};
 use crate::schedule::Schedule;
 use crate::sim::Event;
 use crate::workload::{KEYS, Key, LIVENESS, Unreachable, keys};
@@ -77,7 +85,8 @@ pub fn check(s: &Schedule, history: &History, events: &[(u64, usize, Event)]) ->
     }
     for (k, calls) in by_key.iter_mut().enumerate() {
         calls.sort_by_key(|c| (c.sent, c.done));
-        check_key(s, &faults, k, keys[k], calls, &mut out);
+        let resets: Vec<&Reset> = history.resets.iter().filter(|r| r.key == k).collect();
+        check_key(s, &faults, k, keys[k], calls, &resets, &mut out);
     }
     out
 }
@@ -144,12 +153,23 @@ fn lost(faults: &Faults, calls: &[&Call], (node, at, since): (usize, u64, u64), 
     }
 }
 
+/// Whether no reset of `resets` may fall between calls `a` and `b` (both
+/// wholly before its sending, or both sent after it took effect).
+fn same_side(resets: &[&Reset], a: &Call, b: &Call) -> bool {
+    resets.iter().all(|r| {
+        let before = |c: &Call| c.done < r.sent;
+        let after = |c: &Call| c.sent > r.until();
+        (before(a) && before(b)) || (after(a) && after(b))
+    })
+}
+
 fn check_key(
     s: &Schedule,
     faults: &Faults,
     k: usize,
     key: Key,
     calls: &[&Call],
+    resets: &[&Reset],
     out: &mut Vec<Violation>,
 ) {
     let losses: Vec<Lost> = faults
@@ -177,7 +197,9 @@ fn check_key(
     'keys: for &(b, rb) in &exact {
         let mut earlier: Vec<(&Call, i64)> = exact
             .iter()
-            .filter(|(a, _)| a.done < b.sent && stretch(a.sent) == stretch(b.sent))
+            .filter(|(a, _)| {
+                a.done < b.sent && stretch(a.sent) == stretch(b.sent) && same_side(resets, a, b)
+            })
             .copied()
             .collect();
         earlier.sort_by_key(|(a, _)| std::cmp::Reverse(a.sent));
@@ -215,8 +237,8 @@ fn check_key(
     } else {
         exact_admitted
     };
-    // Each wipe may let the limit be admitted once more.
-    let wiped = wipes.len() as i64;
+    // Each wipe, and each reset, may let the limit be admitted once more.
+    let wiped = (wipes.len() + resets.len()) as i64;
     if counted > limit * (1 + wiped) + total_lag as i64 {
         out.push(Violation {
             key: Some(k),
@@ -239,8 +261,14 @@ fn check_key(
         }),
         Some((remaining, _)) => {
             let consumed = limit - remaining;
-            // What the last stretch admitted exactly (all, with no wipe).
-            let last = wipes.last().copied().unwrap_or(0);
+            // What the last stretch admitted exactly (all, with no wipe
+            // and no reset).
+            let last = wipes
+                .iter()
+                .copied()
+                .chain(resets.iter().map(|r| r.until()))
+                .max()
+                .unwrap_or(0);
             let exact_admitted = calls
                 .iter()
                 .filter(|c| c.sent >= last && c.admitted() && c.exact().is_some())

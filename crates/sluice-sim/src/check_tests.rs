@@ -3,7 +3,7 @@
 //! given exactly where the cluster may lose what it allows.
 
 use super::*;
-use crate::history::{Outcome, Status};
+use crate::history::{Outcome, Reset, Status};
 use crate::schedule::{Fault, Proto};
 
 /// Three nodes, the faults given, healed at 38 s, traffic to 50 s.
@@ -81,7 +81,10 @@ fn kinds_after(
         calls.push(c);
     }
     calls.push(answer(k, s.end + 2_000, 0, limit - admitted, "n1"));
-    let history = History { calls };
+    let history = History {
+        calls,
+        resets: Vec::new(),
+    };
     check(s, &history, events)
         .into_iter()
         .filter(|v| v.key == Some(k))
@@ -218,7 +221,14 @@ fn over_admission_and_lost_admissions_are_caught() {
         calls.push(c);
     }
     calls.push(answer(0, s.end + 2_000, 0, limit - 1, "n1"));
-    let lost = check(&s, &History { calls }, &[]);
+    let lost = check(
+        &s,
+        &History {
+            calls,
+            resets: Vec::new(),
+        },
+        &[],
+    );
     assert!(
         lost.iter()
             .any(|v| v.key == Some(0) && v.what.starts_with("lost admissions")),
@@ -365,4 +375,101 @@ fn a_key_that_never_answers_exactly_after_the_heal_fails_liveness() {
             .any(|v| v.key == Some(3) && v.what.starts_with("liveness")),
         "{found:?}"
     );
+}
+
+/// An operator's reset of `key`, sent and answered at these ms (`ok`:
+/// answered; else failed — it may take effect at any time after).
+fn reset(key: usize, sent_ms: u64, done_ms: u64, ok: bool) -> Reset {
+    Reset {
+        key,
+        node: 0,
+        sent: ms(sent_ms),
+        done: ms(done_ms),
+        outcome: if ok {
+            Ok(true)
+        } else {
+            Err("timed out".into())
+        },
+    }
+}
+
+/// Key `k`'s violations with these resets, the history made whole with
+/// a final count of `spent` (and liveness probes saying the same).
+fn kinds_reset(k: usize, calls: Vec<Call>, resets: Vec<Reset>, spent: i64) -> Vec<String> {
+    let s = schedule(Vec::new());
+    let limit = keys(s.seed)[k].limit as i64;
+    let mut calls = calls;
+    for n in 0..s.nodes {
+        let mut c = answer(k, s.heal + 2_000, 0, limit - spent, "n1");
+        c.node = n;
+        calls.push(c);
+    }
+    calls.push(answer(k, s.end + 2_000, 0, limit - spent, "n1"));
+    check(&s, &History { calls, resets }, &[])
+        .into_iter()
+        .filter(|v| v.key == Some(k))
+        .map(|v| v.what.split(':').next().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[test]
+fn a_reset_starts_the_count_over_and_excuses_nothing_outside_it() {
+    let k = 3;
+    let limit = keys(1)[k].limit as i64;
+    let calls = vec![
+        answer(k, 10_000, 1, limit - 1, "n1"),
+        answer(k, 10_050, 1, limit - 2, "n1"),
+        answer(k, 12_000, 1, limit - 1, "n2"),
+    ];
+    let none = Vec::<String>::new();
+    // No reset: a rollback.
+    let found = kinds_reset(k, calls.clone(), Vec::new(), 1);
+    assert!(found.contains(&"rollback".to_string()), "{found:?}");
+    // Reset and answered between them: the count started over.
+    let between = vec![reset(k, 11_000, 11_010, true)];
+    assert_eq!(kinds_reset(k, calls.clone(), between, 1), none);
+    // Still out when the later answer was sent: either side.
+    let overlapping = vec![reset(k, 11_000, 12_500, true)];
+    assert_eq!(kinds_reset(k, calls.clone(), overlapping, 1), none);
+    // Failed: it may have taken effect any time after it was sent.
+    let failed = vec![reset(k, 11_000, 11_400, false)];
+    assert_eq!(kinds_reset(k, calls.clone(), failed, 1), none);
+    // Sent after both answers, or before both: the rollback stands.
+    for late_or_early in [reset(k, 13_000, 13_010, true), reset(k, 9_000, 9_010, true)] {
+        let found = kinds_reset(k, calls.clone(), vec![late_or_early], 1);
+        assert!(found.contains(&"rollback".to_string()), "{found:?}");
+    }
+}
+
+#[test]
+fn each_reset_lets_the_limit_be_admitted_once_more_and_no_more() {
+    let k = 0;
+    let limit = keys(1)[k].limit as i64;
+    // The limit spent, a reset, the limit spent again (the final count
+    // shows the second).
+    let spend = |from_ms: u64| -> Vec<Call> {
+        (0..limit as u64)
+            .map(|i| answer(k, from_ms + i, 1, limit - 1 - i as i64, "n1"))
+            .collect()
+    };
+    let mut twice = spend(10_000);
+    twice.extend(spend(20_000));
+    let resets = vec![reset(k, 15_000, 15_010, true)];
+    assert_eq!(
+        kinds_reset(k, twice.clone(), resets.clone(), limit),
+        Vec::<String>::new()
+    );
+    // One more admission than that: over.
+    let mut more = twice;
+    more.push(answer(k, 30_000, 1, 0, "n1"));
+    let found = kinds_reset(k, more, resets, limit);
+    assert!(found.contains(&"over-admission".to_string()), "{found:?}");
+    // After the reset, the final count must still cover what was
+    // admitted since: two admissions, a final count of one.
+    let after = vec![
+        answer(k, 20_000, 1, limit - 1, "n1"),
+        answer(k, 20_010, 1, limit - 2, "n1"),
+    ];
+    let found = kinds_reset(k, after, vec![reset(k, 15_000, 15_010, true)], 1);
+    assert!(found.contains(&"lost admissions".to_string()), "{found:?}");
 }

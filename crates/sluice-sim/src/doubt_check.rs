@@ -194,7 +194,14 @@ mod tests {
     }
 
     fn violations(s: &Schedule, calls: Vec<Call>) -> Doubts {
-        check(s, &History { calls }, &[])
+        check(
+            s,
+            &History {
+                calls,
+                resets: Vec::new(),
+            },
+            &[],
+        )
     }
 
     #[test]

@@ -117,10 +117,50 @@ impl fmt::Display for Call {
     }
 }
 
-/// Every call of a run, in completion order.
+/// One operator reset of a key (`ResetKey` through `node`), as the
+/// operator saw it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Reset {
+    pub key: usize,
+    pub node: usize,
+    /// Simulated ns.
+    pub sent: u64,
+    pub done: u64,
+    /// Whether the key existed at its owner; an error or no answer in
+    /// time: the reset may or may not have been made, now or later (a
+    /// paused node goes on with it when it resumes).
+    pub outcome: Result<bool, String>,
+}
+
+impl Reset {
+    /// From `sent` until when the reset may take effect: its answer, or
+    /// never known (a failed one).
+    pub fn until(&self) -> u64 {
+        match self.outcome {
+            Ok(_) => self.done,
+            Err(_) => u64::MAX,
+        }
+    }
+}
+
+impl fmt::Display for Reset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "sent {:>10} ms  done {:>10} ms  via n{}  RESET {:?}",
+            ms(self.sent),
+            ms(self.done),
+            self.node,
+            self.outcome
+        )
+    }
+}
+
+/// Every call of a run, in completion order, and the operator's resets.
 #[derive(Debug, Default)]
 pub struct History {
     pub calls: Vec<Call>,
+    pub resets: Vec<Reset>,
 }
 
 impl History {
@@ -130,6 +170,9 @@ impl History {
         let mut h = xxhash_rust::xxh3::Xxh3::new();
         for c in &self.calls {
             h.update(format!("{c:?}\n").as_bytes());
+        }
+        for r in &self.resets {
+            h.update(format!("{r:?}\n").as_bytes());
         }
         h.digest()
     }

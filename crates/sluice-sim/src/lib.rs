@@ -54,6 +54,11 @@ pub struct Report {
     /// ([`doubt_check`]).
     #[serde(default)]
     pub doubt_checked: usize,
+    /// The operator's resets made, and how many were answered.
+    #[serde(default)]
+    pub resets: usize,
+    #[serde(default)]
+    pub resets_answered: usize,
     pub sim_secs: f64,
     pub wall_secs: f64,
     /// What `std::time::Instant` counted over the run on its thread: the
@@ -120,6 +125,13 @@ pub fn run_with_history(schedule: &schedule::Schedule) -> (Report, history::Hist
         violations,
         moved_ports: out.moved_ports,
         doubt_checked: doubts.checked,
+        resets: out.history.resets.len(),
+        resets_answered: out
+            .history
+            .resets
+            .iter()
+            .filter(|r| r.outcome.is_ok())
+            .count(),
         sim_secs: (schedule.end + schedule::PROBE_SPAN) as f64 / 1_000.0,
         wall_secs: out.wall,
         monotonic_secs: out.monotonic,

@@ -231,6 +231,8 @@ fn child(schedule: &Schedule) -> Report {
             )],
             moved_ports: 0,
             doubt_checked: 0,
+            resets: 0,
+            resets_answered: 0,
             monotonic_secs: 0.0,
             sim_secs: 0.0,
             wall_secs: 0.0,
@@ -329,12 +331,14 @@ fn main() {
                             }
                             let r = child(&Schedule::draw_sized(seed, secs, mix, nodes));
                             let line = format!(
-                                "seed {seed}: {} ({} nodes, {} faults, {} calls, {} checked for doubt, {:.1} s)",
+                                "seed {seed}: {} ({} nodes, {} faults, {} calls, {} checked for doubt, {}/{} resets answered, {:.1} s)",
                                 if r.passed() { "ok" } else { "FAILED" },
                                 r.nodes,
                                 r.faults,
                                 r.calls,
                                 r.doubt_checked,
+                                r.resets_answered,
+                                r.resets,
                                 r.wall_secs
                             );
                             println!("{line}");

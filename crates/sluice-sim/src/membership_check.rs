@@ -71,6 +71,8 @@ pub fn check(s: &Schedule, events: &[(u64, usize, Event)], rings: &[Standing]) -
                 Fault::Pause { span, .. } | Fault::Suspend { span, .. } => {
                     *span >= tolerated && f.end() + STALL_EXPLAINS_FOR >= at_ms
                 }
+                // An operator's reset or a config reload buries no one.
+                Fault::Reset { .. } | Fault::Reload { .. } => false,
                 _ => f.end() + EXPLAINS_FOR >= at_ms,
             }
         });

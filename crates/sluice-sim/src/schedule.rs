@@ -10,6 +10,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::workload::KEYS;
+
 /// Which packets a cut drops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -71,6 +73,12 @@ pub enum Fault {
     ClockStep { node: usize, at: u64, by: i64 },
     /// The node leaves gracefully (SIGTERM) and starts again `down` later.
     Leave { node: usize, at: u64, down: u64 },
+    /// An operator resets key `key` through `node` (`ResetKey` on its
+    /// admin API: the node resets it at the key's owner).
+    Reset { node: usize, at: u64, key: usize },
+    /// The node's config file changes and its policies reload (one more
+    /// named policy: the policy hash it gossips changes too).
+    Reload { node: usize, at: u64 },
 }
 
 impl Fault {
@@ -83,7 +91,9 @@ impl Fault {
             | Fault::Slow { at, .. }
             | Fault::Loss { at, .. }
             | Fault::ClockStep { at, .. }
-            | Fault::Leave { at, .. } => *at,
+            | Fault::Leave { at, .. }
+            | Fault::Reset { at, .. }
+            | Fault::Reload { at, .. } => *at,
         }
     }
 
@@ -97,7 +107,7 @@ impl Fault {
             | Fault::Cut { at, span, .. }
             | Fault::Slow { at, span, .. }
             | Fault::Loss { at, span, .. } => at + span,
-            Fault::ClockStep { at, .. } => *at,
+            Fault::ClockStep { at, .. } | Fault::Reset { at, .. } | Fault::Reload { at, .. } => *at,
         }
     }
 
@@ -111,7 +121,9 @@ impl Fault {
             | Fault::Slow { node, .. }
             | Fault::Loss { node, .. }
             | Fault::ClockStep { node, .. }
-            | Fault::Leave { node, .. } => vec![*node],
+            | Fault::Leave { node, .. }
+            | Fault::Reset { node, .. }
+            | Fault::Reload { node, .. } => vec![*node],
         }
     }
 }
@@ -245,11 +257,12 @@ impl Schedule {
                 (Mix::Any | Mix::Zones, 1) => Proto::Udp,
                 (Mix::Any | Mix::Zones, _) => Proto::Both,
             };
+            // 12–15 a zone, 16 an admin reset, 17 a config reload.
             let kind = match mix {
-                Mix::Any => rng.u8(0..12),
-                Mix::Zones => rng.u8(0..16),
+                Mix::Any => [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 16, 17][rng.usize(..14)],
+                Mix::Zones => rng.u8(0..18),
                 // No node cut off from every other, no correlated pair.
-                Mix::Single => [0, 2, 3, 4, 8, 9, 10, 11][rng.usize(..8)],
+                Mix::Single => [0, 2, 3, 4, 8, 9, 10, 11, 16, 17][rng.usize(..10)],
                 Mix::Stalls => unreachable!("drawn above"),
             };
             let before = faults.len();
@@ -336,6 +349,12 @@ impl Schedule {
                     at,
                     down: span.max(1_000),
                 }),
+                16 => faults.push(Fault::Reset {
+                    node,
+                    at,
+                    key: rng.usize(..KEYS),
+                }),
+                17 => faults.push(Fault::Reload { node, at }),
                 _ => {
                     // A whole zone killed at once (node's), back together.
                     let down = rng.u64(1_000..4_000);

@@ -56,6 +56,8 @@ pub fn node_ip(n: usize) -> IpAddr {
 
 const APP_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 1, 1));
 pub const GRPC_PORT: u16 = 8081;
+/// Every node's admin port (`admin.addr`): the operator's resets.
+pub const ADMIN_PORT: u16 = 8082;
 const GOSSIP_PORT: u16 = 7946;
 
 fn index_of(ip: IpAddr) -> Option<usize> {
@@ -200,6 +202,7 @@ enum Action {
     Slow(usize, u64, u64),
     Loss(usize, u8, u64),
     Step(usize, i64),
+    Reload(usize),
     Heal,
 }
 
@@ -465,6 +468,9 @@ fn timeline(s: &Schedule) -> Vec<(u64, Action)> {
             Fault::Slow { node, delay, .. } => a.push((at, Action::Slow(node, ms(delay), end))),
             Fault::Loss { node, percent, .. } => a.push((at, Action::Loss(node, percent, end))),
             Fault::ClockStep { node, by, .. } => a.push((at, Action::Step(node, by))),
+            Fault::Reload { node, .. } => a.push((at, Action::Reload(node))),
+            // The operator's: the apps make it (`workload.rs`).
+            Fault::Reset { .. } => {}
         }
     }
     a.push((ms(s.heal), Action::Heal));
@@ -530,6 +536,7 @@ fn apply(
         Action::Slow(n, d, until) => links.borrow_mut().slow.push((n, d, until)),
         Action::Loss(n, p, until) => links.borrow_mut().loss.push((n, p, until)),
         Action::Step(n, by) => hosts[n].clock.step(by * 1_000_000),
+        Action::Reload(n) => reload(&hosts[n], n, s, errors),
         Action::Heal => {
             {
                 let mut l = links.borrow_mut();
@@ -549,6 +556,39 @@ fn apply(
     }
 }
 
+/// Node `n`'s config file changed: one more named policy (the apps'
+/// keys carry their limits inline, so none of theirs changes), taken by
+/// the product's reload path on the node's runtime. A node not running
+/// reads the file when it starts (no change to its keys either).
+fn reload(h: &Host, n: usize, s: &Schedule, errors: &Arc<Mutex<Vec<String>>>) {
+    let (Some(rt), Some(node)) = (
+        &h.rt,
+        lock(&h.node)
+            .as_ref()
+            .map(|node| (node.limiter.clone(), node.membership.clone())),
+    ) else {
+        return;
+    };
+    let mut config = config(n, s);
+    config.policies.insert(
+        "reloaded".into(),
+        sluice::config::PolicyConfig {
+            limit: 10,
+            duration: Some("1s".into()),
+            ..Default::default()
+        },
+    );
+    let policies = match Policies::from_config(&config) {
+        Ok(p) => p,
+        Err(e) => {
+            lock(errors).push(format!("n{n}: reloaded policies: {e}"));
+            return;
+        }
+    };
+    let (limiter, membership) = node;
+    rt.spawn(async move { sluice::server::apply_policies(&limiter, &membership, policies).await });
+}
+
 /// The config of node `n`: production defaults, addresses on its host.
 pub fn config(n: usize, s: &Schedule) -> Config {
     let ip = node_ip(n);
@@ -558,7 +598,7 @@ pub fn config(n: usize, s: &Schedule) -> Config {
         http_addr: SocketAddr::new(ip, 8080),
         ..Config::default()
     };
-    c.admin.addr = SocketAddr::new(ip, 8082);
+    c.admin.addr = SocketAddr::new(ip, ADMIN_PORT);
     c.admin.token = Some(ADMIN_TOKEN.into());
     c.cluster.gossip_addr = SocketAddr::new(ip, GOSSIP_PORT);
     c.cluster.advertise_host = Some(ip.to_string());

@@ -12,12 +12,13 @@ use std::time::Duration;
 
 use sluice::net::Connector;
 use sluice::proto::v1 as pb;
+use sluice::proto::v1::admin_client::AdminClient;
 use sluice::proto::v1::rate_limiter_client::RateLimiterClient;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::history::{Call, History, Outcome, Status};
-use crate::schedule::{PROBE_SPAN, Schedule};
-use crate::sim::{GRPC_PORT, lock, node_ip};
+use crate::history::{Call, History, Outcome, Reset, Status};
+use crate::schedule::{Fault, PROBE_SPAN, Schedule};
+use crate::sim::{ADMIN_PORT, ADMIN_TOKEN, GRPC_PORT, lock, node_ip};
 use crate::world::SimDial;
 
 /// Every key answers exactly through every node within this long of the
@@ -31,6 +32,12 @@ use crate::world::SimDial;
 pub const LIVENESS: u64 = 11_500;
 /// An app's deadline for one call.
 pub const DEADLINE: Duration = Duration::from_millis(100);
+/// The operator's deadline for a reset: the node may have to reach the
+/// key's owner (and the owner take the key first). Under the shortest
+/// restart (500 ms), so a reset a crash cut off has closed its connection
+/// before the node listens again.
+const RESET_DEADLINE: Duration = Duration::from_millis(400);
+
 /// Apps calling at once.
 const CALLERS: usize = 6;
 /// Keys per run.
@@ -190,6 +197,43 @@ impl Apps {
     }
 }
 
+impl Apps {
+    /// An operator's reset of `key` through node `node`, recorded: on a
+    /// connection of its own (closed after it: a killed node's accepted
+    /// connections would hold its admin port), within [`RESET_DEADLINE`].
+    async fn reset(&self, key: usize, node: usize) {
+        let channel = Endpoint::from_shared(format!("http://{}:{ADMIN_PORT}", node_ip(node)))
+            .expect("a valid URI")
+            .connect_timeout(RESET_DEADLINE)
+            .timeout(RESET_DEADLINE)
+            .connect_with_connector_lazy(Connector(Arc::new(SimDial)));
+        let mut admin = AdminClient::new(channel);
+        let mut request = tonic::Request::new(pb::ResetKeyRequest {
+            key: Some(pb::KeyRef {
+                name: "sim".into(),
+                unique_key: format!("k{key}"),
+            }),
+        });
+        if let Ok(bearer) = format!("Bearer {ADMIN_TOKEN}").parse() {
+            request.metadata_mut().insert("authorization", bearer);
+        }
+        let sent = self.now();
+        let outcome = match tokio::time::timeout(RESET_DEADLINE, admin.reset_key(request)).await {
+            Err(_) => Err("timed out".to_string()),
+            Ok(Err(status)) => Err(format!("{:?}: {}", status.code(), status.message())),
+            Ok(Ok(r)) => Ok(r.into_inner().existed),
+        };
+        let reset = Reset {
+            key,
+            node,
+            sent,
+            done: self.now(),
+            outcome,
+        };
+        lock(&self.history).resets.push(reset);
+    }
+}
+
 fn client(n: usize, port: u16) -> RateLimiterClient<Channel> {
     let channel = Endpoint::from_shared(format!("http://{}:{port}", node_ip(n)))
         .expect("a valid URI")
@@ -233,6 +277,16 @@ pub async fn drive(apps: Apps) {
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
+            }));
+        }
+    }
+    // The operator's resets.
+    for f in &s.faults {
+        if let Fault::Reset { node, at, key } = *f {
+            let apps = apps.clone();
+            tasks.push(tokio::spawn(async move {
+                apps.until(at).await;
+                apps.reset(key, node).await;
             }));
         }
     }
