@@ -47,7 +47,8 @@
 //!
 //! An operator's reset of a key (`ResetKey`) starts its count over at its
 //! owner somewhere between the reset's sending and its answer — or, if it
-//! failed, at any time after its sending, or never. Two answers are
+//! failed, at any time after its sending until shortly after every fault
+//! that could hold it up ended ([`reset_until`]), or never. Two answers are
 //! compared only when no reset of the key may fall between them (each
 //! wholly before it was sent or wholly after it took effect); each reset
 //! lets the limit be admitted once more; and the final count covers the
@@ -62,6 +63,7 @@ use crate::faults::Faults;
 pub use crate::faults::{JOIN, LAG, REJOIN, WIPE_WINDOW, cut_off_fence, first_ready, pause_death};
 
 use crate::history::{Call, History, Reset};
+use crate::schedule::Fault;
 use crate::schedule::Schedule;
 use crate::sim::Event;
 use crate::workload::{KEYS, Key, LIVENESS, Unreachable, keys};
@@ -153,12 +155,52 @@ fn lost(faults: &Faults, calls: &[&Call], (node, at, since): (usize, u64, u64), 
     }
 }
 
-/// Whether no reset of `resets` may fall between calls `a` and `b` (both
-/// wholly before its sending, or both sent after it took effect).
-fn same_side(resets: &[&Reset], a: &Call, b: &Call) -> bool {
-    resets.iter().all(|r| {
-        let before = |c: &Call| c.done < r.sent;
-        let after = |c: &Call| c.sent > r.until();
+/// How long (ms) after its operator gave up a reset may still take
+/// effect: the node's three tries at the owner, 500 ms each at least
+/// (`Limiter::reset`), and a margin.
+const RESET_LATE: u64 = 2_000;
+
+/// Until when (ns) reset `r` may take effect: its answer; a failed one
+/// [`RESET_LATE`] past its operator giving up — later for as long as any
+/// node it may wait on is paused or asleep, or any link it may cross is
+/// cut, slow or lossy (a request held there is applied when it gets
+/// through), each such fault extending the window by its end.
+pub(crate) fn reset_until(s: &Schedule, r: &Reset) -> u64 {
+    if r.outcome.is_ok() {
+        return r.done;
+    }
+    let mut until = r.done + ms(RESET_LATE);
+    loop {
+        let later = s
+            .faults
+            .iter()
+            .filter(|f| {
+                matches!(
+                    f,
+                    Fault::Pause { .. }
+                        | Fault::Suspend { .. }
+                        | Fault::Cut { .. }
+                        | Fault::Slow { .. }
+                        | Fault::Loss { .. }
+                )
+            })
+            .filter(|f| ms(f.at()) <= until && ms(f.end()) >= r.sent)
+            .map(|f| ms(f.end() + RESET_LATE))
+            .fold(until, u64::max);
+        if later == until {
+            return until;
+        }
+        until = later;
+    }
+}
+
+/// Whether no reset of `resets` — each with when it was sent and until
+/// when it may take effect — may fall between calls `a` and `b` (both
+/// wholly before its sending, or both sent after it may take effect).
+fn same_side(resets: &[(u64, u64)], a: &Call, b: &Call) -> bool {
+    resets.iter().all(|&(sent, until)| {
+        let before = |c: &Call| c.done < sent;
+        let after = |c: &Call| c.sent > until;
         (before(a) && before(b)) || (after(a) && after(b))
     })
 }
@@ -172,6 +214,7 @@ fn check_key(
     resets: &[&Reset],
     out: &mut Vec<Violation>,
 ) {
+    let resets: Vec<(u64, u64)> = resets.iter().map(|r| (r.sent, reset_until(s, r))).collect();
     let losses: Vec<Lost> = faults
         .deaths
         .iter()
@@ -198,7 +241,7 @@ fn check_key(
         let mut earlier: Vec<(&Call, i64)> = exact
             .iter()
             .filter(|(a, _)| {
-                a.done < b.sent && stretch(a.sent) == stretch(b.sent) && same_side(resets, a, b)
+                a.done < b.sent && stretch(a.sent) == stretch(b.sent) && same_side(&resets, a, b)
             })
             .copied()
             .collect();
@@ -266,7 +309,7 @@ fn check_key(
             let last = wipes
                 .iter()
                 .copied()
-                .chain(resets.iter().map(|r| r.until()))
+                .chain(resets.iter().map(|&(_, until)| until))
                 .max()
                 .unwrap_or(0);
             let exact_admitted = calls

@@ -431,9 +431,17 @@ fn a_reset_starts_the_count_over_and_excuses_nothing_outside_it() {
     // Still out when the later answer was sent: either side.
     let overlapping = vec![reset(k, 11_000, 12_500, true)];
     assert_eq!(kinds_reset(k, calls.clone(), overlapping, 1), none);
-    // Failed: it may have taken effect any time after it was sent.
+    // Failed: it may have taken effect any time after it was sent, for a
+    // while.
     let failed = vec![reset(k, 11_000, 11_400, false)];
     assert_eq!(kinds_reset(k, calls.clone(), failed, 1), none);
+    // But not for ever: a rollback long after a failed reset (and no
+    // fault to hold it up) is caught.
+    let mut late = calls.clone();
+    late.push(answer(k, 20_000, 1, limit - 2, "n1"));
+    late.push(answer(k, 21_000, 1, limit - 1, "n2"));
+    let found = kinds_reset(k, late, vec![reset(k, 11_000, 11_400, false)], 3);
+    assert!(found.contains(&"rollback".to_string()), "{found:?}");
     // Sent after both answers, or before both: the rollback stands.
     for late_or_early in [reset(k, 13_000, 13_010, true), reset(k, 9_000, 9_010, true)] {
         let found = kinds_reset(k, calls.clone(), vec![late_or_early], 1);
@@ -472,4 +480,31 @@ fn each_reset_lets_the_limit_be_admitted_once_more_and_no_more() {
     ];
     let found = kinds_reset(k, after, vec![reset(k, 15_000, 15_010, true)], 1);
     assert!(found.contains(&"lost admissions".to_string()), "{found:?}");
+}
+
+#[test]
+fn a_failed_reset_may_land_until_the_faults_that_could_hold_it_end() {
+    let r = reset(0, 11_000, 11_400, false);
+    let quiet = schedule(Vec::new());
+    assert_eq!(reset_until(&quiet, &r), ms(11_400 + RESET_LATE));
+    // A pause from before it to 20 s, and a cut that began within the
+    // window it opened: the window reaches past the cut's end.
+    let held = schedule(vec![
+        Fault::Pause {
+            node: 2,
+            at: 10_000,
+            span: 10_000,
+        },
+        Fault::Cut {
+            from: 0,
+            to: 1,
+            proto: Proto::Tcp,
+            at: 21_000,
+            span: 3_000,
+        },
+    ]);
+    assert_eq!(reset_until(&held, &r), ms(24_000 + RESET_LATE));
+    // An answered one took effect by its answer.
+    let answered = reset(0, 11_000, 11_010, true);
+    assert_eq!(reset_until(&held, &answered), ms(11_010));
 }

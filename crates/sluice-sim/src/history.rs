@@ -128,19 +128,8 @@ pub struct Reset {
     pub done: u64,
     /// Whether the key existed at its owner; an error or no answer in
     /// time: the reset may or may not have been made, now or later (a
-    /// paused node goes on with it when it resumes).
+    /// paused node goes on with it when it resumes; see `check.rs`).
     pub outcome: Result<bool, String>,
-}
-
-impl Reset {
-    /// From `sent` until when the reset may take effect: its answer, or
-    /// never known (a failed one).
-    pub fn until(&self) -> u64 {
-        match self.outcome {
-            Ok(_) => self.done,
-            Err(_) => u64::MAX,
-        }
-    }
 }
 
 impl fmt::Display for Reset {

@@ -113,7 +113,13 @@ pub(super) struct Gossip {
     /// After a rejoin, the cluster size `N` it had (a fresh chitchat knows
     /// no dead members), kept as a floor for `dead_grace`.
     pub size_floor: Option<(usize, tokio::time::Instant)>,
+    /// The generations this process took (its first, then each rejoin's;
+    /// the latest [`MINE`]): any other of its id is another process's.
+    pub mine: Vec<u64>,
 }
+
+/// Generations of its own a process remembers (gossip keeps two per id).
+const MINE: usize = 16;
 
 impl Gossip {
     async fn spawn(
@@ -344,10 +350,31 @@ impl Gossip {
             .filter(|m| m.node_id != self.view_tx.borrow().self_id)
             .map(|m| m.gossip_addr.to_string())
             .collect();
+        // Any generation of this id this process did not take is another
+        // process's (an earlier life, started on a clock since stepped
+        // back): the new one goes past it — the newest of an id is the
+        // live one — and, if it is not older than this process's birth,
+        // this process is born again (below).
+        let foreign = {
+            let chitchat = handle.chitchat();
+            let cc = chitchat.lock().await;
+            cc.node_states()
+                .keys()
+                .filter(|id| {
+                    *id.node_id == *self.settings.node_id && !self.mine.contains(&id.generation_id)
+                })
+                .map(|id| id.generation_id)
+                .max()
+        };
+        let past = past.max(foreign.unwrap_or(0));
         let _ = handle.shutdown().await;
         let generation = (self.settings.clock.wall() / 1_000_000)
             .max(old + 1)
             .max(past.saturating_add(1));
+        if self.mine.len() >= MINE {
+            self.mine.remove(0);
+        }
+        self.mine.push(generation);
         tracing::warn!(
             why,
             old_generation = old,

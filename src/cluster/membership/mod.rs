@@ -239,6 +239,7 @@ impl Membership {
             stop: stop.clone(),
             joined: joined_rx,
             size_floor: None,
+            mine: vec![cfg.generation],
         };
         let generation = cfg.generation;
         let running = match cfg.threads {
