@@ -72,7 +72,11 @@ pub fn check(s: &Schedule, history: &History, events: &[(u64, usize, Event)]) ->
             .filter(|f| f.at() == at && lost_node(f).is_some())
             .collect();
         let gone: Vec<usize> = lost.iter().filter_map(|f| lost_node(f)).collect();
-        if gone.len() * 2 >= s.nodes {
+        // A majority of the nodes started by then (a late one counts from
+        // its start: seed 269 of `--mix any` at 862e074, a lone survivor
+        // of two in the minority, not in doubt).
+        let started = (0..s.nodes).filter(|&n| s.start_of(n) <= at).count();
+        if gone.len() * 2 >= started {
             continue;
         }
         // The window: until a lost node is back, the next fault, or the

@@ -15,6 +15,42 @@ use crate::sim::Event;
 /// (20 ms) while changes come — plus the simulated network.
 pub const LAG: u64 = 100;
 
+/// When (ns, from–to) node `n`'s gossip to half its peers or more was
+/// lost at once (one-way cuts from it, of gossip or of both): its peers
+/// hear it no more and bury it.
+fn silenced(s: &Schedule, n: usize) -> impl Iterator<Item = (u64, u64)> + '_ {
+    let mut starts: Vec<u64> = s
+        .faults
+        .iter()
+        .filter_map(|f| match *f {
+            Fault::Cut {
+                from, proto, at, ..
+            } if from == n && proto != Proto::Tcp => Some(at),
+            _ => None,
+        })
+        .collect();
+    starts.sort_unstable();
+    starts.dedup();
+    starts.into_iter().filter_map(move |at| {
+        let cut: Vec<&Fault> = s
+            .faults
+            .iter()
+            .filter(|f| {
+                matches!(**f, Fault::Cut { from, proto, at: t, .. }
+                    if from == n && proto != Proto::Tcp && t == at)
+            })
+            .collect();
+        (cut.len() * 2 >= s.nodes - 1).then(|| {
+            let end = cut.iter().map(|f| f.end()).min().unwrap_or(at);
+            (ms(at), ms(end))
+        })
+    })
+}
+
+/// How long (ms) replication may stay held after a lossy link heals: the
+/// simulated TCP's retransmission backoff.
+pub const TCP_BACKOFF: u64 = 1_000;
+
 /// How long (ms) a node cut off from a majority may go on owning: until
 /// it has heard no majority for one and a half `away_after`, read at its
 /// gossip rounds (two more of them, for the reading).
@@ -139,8 +175,15 @@ impl Faults {
                     to: b,
                     proto,
                     ..
-                } if proto != Proto::Udp => holds.push((from, to, Hold::Link(a, b))),
-                Fault::Slow { .. } | Fault::Loss { .. } => holds.push((from, to, Hold::Any)),
+                // TCP backs off through dropped packets and takes a while
+                // to come back after a cut or a lossy link ends (seed 504:
+                // pushes timed out 750 ms past the loss's end; seed 609 of
+                // `--mix any` at 862e074: a holder's answers cut 900 ms).
+                } if proto != Proto::Udp => {
+                    holds.push((from, to + ms(TCP_BACKOFF), Hold::Link(a, b)))
+                }
+                Fault::Slow { .. } => holds.push((from, to, Hold::Any)),
+                Fault::Loss { .. } => holds.push((from, to + ms(TCP_BACKOFF), Hold::Any)),
                 _ => {}
             }
         }
@@ -148,15 +191,17 @@ impl Faults {
         // more at once keeps owning until it finds itself deaf: what it
         // admitted as owner meanwhile is never replicated — the documented
         // cut-off lag, lost like a crash's. A death at its fence (or the
-        // cut's end, if sooner), reaching back over the cut.
+        // cut's end, if sooner), reaching back over the cut. So is one
+        // whose outbound gossip alone is lost (its peers hear it no more
+        // and bury it, deciding its keys from replicas, while it owns
+        // until it finds itself unheard: seed 45 of `--mix any` at
+        // 862e074, its replica held back by a lossy link).
         for n in 0..s.nodes {
             let mut starts: Vec<u64> = s
                 .faults
                 .iter()
                 .filter_map(|f| match *f {
-                    Fault::Cut {
-                        from, proto, at, ..
-                    } if from == n && proto != Proto::Udp => Some(at),
+                    Fault::Cut { from, at, .. } if from == n => Some(at),
                     _ => None,
                 })
                 .collect();
@@ -166,10 +211,9 @@ impl Faults {
                 let cut: Vec<&Fault> = s
                     .faults
                     .iter()
-                    .filter(|f| {
-                        matches!(**f, Fault::Cut { from, proto, at: t, .. }
-                            if from == n && proto != Proto::Udp && t == at)
-                    })
+                    .filter(
+                        |f| matches!(**f, Fault::Cut { from, at: t, .. } if from == n && t == at),
+                    )
                     .collect();
                 if cut.len() * 2 >= s.nodes - 1 {
                     let end = cut.iter().map(|f| f.end()).min().unwrap_or(at);
@@ -236,7 +280,13 @@ impl Faults {
                             && from + pause_death() <= ta
                             && ta < to
                     });
-                    started && (!(down || away) || n == a || n == b)
+                    // Nor one unheard (its gossip to a majority lost) past
+                    // failure detection: buried, it holds nothing current
+                    // until it has rejoined (seed 212 of `--mix any` at
+                    // 862e074).
+                    let unheard = silenced(s, n)
+                        .any(|(from, to)| from + pause_death() <= ta && ta < to + ms(REJOIN));
+                    started && (!(down || away || unheard) || n == a || n == b)
                 });
                 let ring = ring_of(s, up);
                 let holders = [ring.owner(&key), ring.successor(&key)];
@@ -310,6 +360,30 @@ impl Faults {
     /// [`JOIN`] after it started (it votes once it has joined).
     pub(crate) fn majority_up(&self, s: &Schedule, from: u64, to: u64) -> u64 {
         const STEP: u64 = 10_000_000;
+        // Deaf: gossip from half its peers or more cut off (it hears no
+        // majority; its failure detector's word is not taken), and for
+        // [`WIPE_WINDOW`] after, while it hears the others again and its
+        // detector comes to the dead (`gossip.rs`'s `max_interval`) — a vote it
+        // cannot cast buries no one (seed 212 of `--mix any` at 862e074:
+        // a node deaf for 6 s, a crash during it never buried, the owner
+        // that alone held the key crashed 2 s after the deafness ended).
+        let deaf = |n: usize, t: u64| {
+            let cut = s
+                .faults
+                .iter()
+                .filter(|f| {
+                    matches!(**f, Fault::Cut { to, proto, .. } if to == n && proto != Proto::Tcp)
+                        && ms(f.at()) <= t
+                        && t < ms(f.end() + WIPE_WINDOW)
+                })
+                .count();
+            cut * 2 >= s.nodes - 1
+        };
+        // Unheard (its gossip to half its peers or more lost): its vote
+        // reaches no majority.
+        let unheard = |n: usize, t: u64| {
+            silenced(s, n).any(|(from, to)| from <= t && t < to + ms(WIPE_WINDOW))
+        };
         let up = |n: usize, t: u64| {
             let started = s.late.iter().all(|&(m, at)| m != n || ms(at) <= t);
             let crashed = self
@@ -320,7 +394,7 @@ impl Faults {
                 .holds
                 .iter()
                 .any(|&(f, u, h)| matches!(h, Hold::Node(m) if m == n) && f <= t && t < u);
-            started && !crashed && !held
+            started && !crashed && !held && !deaf(n, t) && !unheard(n, t)
         };
         (from..to)
             .step_by(STEP as usize)
