@@ -15,9 +15,9 @@ use crate::sim::Event;
 /// (20 ms) while changes come — plus the simulated network.
 pub const LAG: u64 = 100;
 
-/// When (ns, from–to) node `n`'s gossip to half its peers or more was
-/// lost at once (one-way cuts from it, of gossip or of both): its peers
-/// hear it no more and bury it.
+/// When (ns, from–to) node `n`'s gossip to every peer was lost at once
+/// (one-way cuts from it, of gossip or of both): no peer hears it, nor
+/// can pass its heartbeats on, and they bury it.
 fn silenced(s: &Schedule, n: usize) -> impl Iterator<Item = (u64, u64)> + '_ {
     let mut starts: Vec<u64> = s
         .faults
@@ -40,16 +40,12 @@ fn silenced(s: &Schedule, n: usize) -> impl Iterator<Item = (u64, u64)> + '_ {
                     if from == n && proto != Proto::Tcp && t == at)
             })
             .collect();
-        (cut.len() * 2 >= s.nodes - 1).then(|| {
+        (cut.len() + 1 >= s.nodes).then(|| {
             let end = cut.iter().map(|f| f.end()).min().unwrap_or(at);
             (ms(at), ms(end))
         })
     })
 }
-
-/// How long (ms) replication may stay held after a lossy link heals: the
-/// simulated TCP's retransmission backoff.
-pub const TCP_BACKOFF: u64 = 1_000;
 
 /// How long (ms) a node cut off from a majority may go on owning: until
 /// it has heard no majority for one and a half `away_after`, read at its
@@ -175,15 +171,8 @@ impl Faults {
                     to: b,
                     proto,
                     ..
-                // TCP backs off through dropped packets and takes a while
-                // to come back after a cut or a lossy link ends (seed 504:
-                // pushes timed out 750 ms past the loss's end; seed 609 of
-                // `--mix any` at 862e074: a holder's answers cut 900 ms).
-                } if proto != Proto::Udp => {
-                    holds.push((from, to + ms(TCP_BACKOFF), Hold::Link(a, b)))
-                }
-                Fault::Slow { .. } => holds.push((from, to, Hold::Any)),
-                Fault::Loss { .. } => holds.push((from, to + ms(TCP_BACKOFF), Hold::Any)),
+                } if proto != Proto::Udp => holds.push((from, to, Hold::Link(a, b))),
+                Fault::Slow { .. } | Fault::Loss { .. } => holds.push((from, to, Hold::Any)),
                 _ => {}
             }
         }
@@ -192,16 +181,15 @@ impl Faults {
         // admitted as owner meanwhile is never replicated — the documented
         // cut-off lag, lost like a crash's. A death at its fence (or the
         // cut's end, if sooner), reaching back over the cut. So is one
-        // whose outbound gossip alone is lost (its peers hear it no more
-        // and bury it, deciding its keys from replicas, while it owns
-        // until it finds itself unheard: seed 45 of `--mix any` at
-        // 862e074, its replica held back by a lossy link).
+        // whose outbound gossip to every peer is lost (below).
         for n in 0..s.nodes {
             let mut starts: Vec<u64> = s
                 .faults
                 .iter()
                 .filter_map(|f| match *f {
-                    Fault::Cut { from, at, .. } if from == n => Some(at),
+                    Fault::Cut {
+                        from, proto, at, ..
+                    } if from == n && proto != Proto::Udp => Some(at),
                     _ => None,
                 })
                 .collect();
@@ -211,14 +199,22 @@ impl Faults {
                 let cut: Vec<&Fault> = s
                     .faults
                     .iter()
-                    .filter(
-                        |f| matches!(**f, Fault::Cut { from, at: t, .. } if from == n && t == at),
-                    )
+                    .filter(|f| {
+                        matches!(**f, Fault::Cut { from, proto, at: t, .. }
+                            if from == n && proto != Proto::Udp && t == at)
+                    })
                     .collect();
                 if cut.len() * 2 >= s.nodes - 1 {
                     let end = cut.iter().map(|f| f.end()).min().unwrap_or(at);
                     deaths.push((n, ms(at + cut_off_fence().min(end - at)), ms(at)));
                 }
+            }
+            // Its gossip to every peer lost (none can pass its heartbeats
+            // on): its peers bury it and take its keys over from replicas
+            // while it owns until it finds itself unheard.
+            for (from, to) in silenced(s, n) {
+                let (at, end) = (from / 1_000_000, to / 1_000_000);
+                deaths.push((n, ms(at + cut_off_fence().min(end - at)), from));
             }
         }
         deaths.sort_by_key(|&(n, at, _)| (at, n));
@@ -280,12 +276,27 @@ impl Faults {
                             && from + pause_death() <= ta
                             && ta < to
                     });
-                    // Nor one unheard (its gossip to a majority lost) past
-                    // failure detection: buried, it holds nothing current
-                    // until it has rejoined (seed 212 of `--mix any` at
-                    // 862e074).
-                    let unheard = silenced(s, n)
-                        .any(|(from, to)| from + pause_death() <= ta && ta < to + ms(REJOIN));
+                    // Nor one unheard (its gossip to every peer lost) and
+                    // buried for it — detected, with every other node up
+                    // to vote — before the first crash: it holds nothing
+                    // current until it has rejoined (seed 212 of `--mix
+                    // any` at 862e074).
+                    let unheard = silenced(s, n).any(|(from, to)| {
+                        let buried = from + ms(cut_off_fence());
+                        buried <= ta
+                            && ta < to + ms(REJOIN)
+                            && (0..s.nodes).filter(|&m| m != n).all(|m| {
+                                let crashed = self.crashes.iter().any(|&(c, t, back)| {
+                                    c == m && t <= buried && buried < back + ms(JOIN)
+                                });
+                                let held = self.holds.iter().any(|&(f, u, h)| {
+                                    matches!(h, Hold::Node(x) if x == m)
+                                        && f <= buried
+                                        && buried < u
+                                });
+                                !crashed && !held
+                            })
+                    });
                     started && (!(down || away || unheard) || n == a || n == b)
                 });
                 let ring = ring_of(s, up);
@@ -360,8 +371,9 @@ impl Faults {
     /// [`JOIN`] after it started (it votes once it has joined).
     pub(crate) fn majority_up(&self, s: &Schedule, from: u64, to: u64) -> u64 {
         const STEP: u64 = 10_000_000;
-        // Deaf: gossip from half its peers or more cut off (it hears no
-        // majority; its failure detector's word is not taken), and for
+        // Deaf: gossip from every peer cut off (it hears nobody, and
+        // nobody can pass it on; its failure detector's word is not
+        // taken), and for
         // [`WIPE_WINDOW`] after, while it hears the others again and its
         // detector comes to the dead (`gossip.rs`'s `max_interval`) — a vote it
         // cannot cast buries no one (seed 212 of `--mix any` at 862e074:
@@ -377,10 +389,9 @@ impl Faults {
                         && t < ms(f.end() + WIPE_WINDOW)
                 })
                 .count();
-            cut * 2 >= s.nodes - 1
+            cut + 1 >= s.nodes
         };
-        // Unheard (its gossip to half its peers or more lost): its vote
-        // reaches no majority.
+        // Unheard (its gossip to every peer lost): its vote reaches no one.
         let unheard = |n: usize, t: u64| {
             silenced(s, n).any(|(from, to)| from <= t && t < to + ms(WIPE_WINDOW))
         };

@@ -86,7 +86,6 @@ impl Settings {
                 phi_threshold: self.phi_threshold,
                 initial_interval: self.gossip_interval,
                 dead_node_grace_period: self.dead_grace,
-                max_interval: max_interval(self.gossip_interval),
                 ..FailureDetectorConfig::default()
             },
             marked_for_deletion_grace_period: Duration::from_secs(3_600),
@@ -94,20 +93,6 @@ impl Settings {
             extra_liveness_predicate: None,
         }
     }
-}
-
-/// The longest gap between two heartbeats of a member the failure
-/// detector learns from: 15 gossip rounds, 3 s at least. chitchat's default
-/// (10 s) let a gap in what this node *heard* — a partition of its inbound
-/// gossip — count as a member's interval: on the heal, a member that died
-/// meanwhile arrived with its last heartbeat (stale, but new to this node),
-/// and with a 6-s interval in its mean it stayed alive here for ~9 s more
-/// (simulator seed 212 of `--mix any` at 862e074; now dead here from the
-/// first reading after the heal), keeping its burial, and the
-/// re-replication of its keys, waiting. Stalls of the length issue 49
-/// tolerates (up to 2 s) are still learned.
-fn max_interval(gossip_interval: Duration) -> Duration {
-    (gossip_interval * 15).max(Duration::from_secs(3))
 }
 
 /// The gossip thread's work.

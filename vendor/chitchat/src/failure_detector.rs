@@ -247,6 +247,12 @@ impl SamplingWindow {
     /// Forget about all previous intervals.
     pub fn reset(&mut self) {
         self.intervals.clear();
+        // Sluice patch: and the last heartbeat, so that a node held dead
+        // is alive again only after two fresh heartbeats — not after one
+        // stale one that reaches this node late (a partition of its
+        // inbound gossip healing), whose gap from the last would enter the
+        // mean and keep the dead node alive here for seconds.
+        self.last_heartbeat = None;
     }
 
     /// Computes the sampling window's phi value.
