@@ -34,7 +34,9 @@
 //! A node cut off (gRPC) from half its peers or more counts as a death at
 //! its fence ([`cut_off_fence`]): what it admitted as owner between the
 //! cut and finding itself deaf was never replicated (docs/src/survives.md: the cut-off
-//! lag).
+//! lag). So does one whose gossip to every peer is lost: buried, its
+//! keys taken over from replicas while it owns until it finds itself
+//! unheard.
 //!
 //! With one replica, a key whose owner and replica holder crash together
 //! has no surviving copy: it is decided in doubt for `in_doubt_grace`, then

@@ -373,9 +373,8 @@ impl Faults {
         const STEP: u64 = 10_000_000;
         // Deaf: gossip from every peer cut off (it hears nobody, and
         // nobody can pass it on; its failure detector's word is not
-        // taken), and for
-        // [`WIPE_WINDOW`] after, while it hears the others again and its
-        // detector comes to the dead (`gossip.rs`'s `max_interval`) — a vote it
+        // taken), and for [`WIPE_WINDOW`] after, while it hears the others
+        // again and suspects the dead (chitchat patch 6) — a vote it
         // cannot cast buries no one (seed 212 of `--mix any` at 862e074:
         // a node deaf for 6 s, a crash during it never buried, the owner
         // that alone held the key crashed 2 s after the deafness ended).
