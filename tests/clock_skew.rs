@@ -34,6 +34,27 @@ const SKEW_S: f64 = 3.0;
 /// (a VM restored from a snapshot, a clock set by hand).
 const FAR_S: f64 = 600.0;
 
+/// One node per `(id, clock offset in ms)`, seeding each other; with the
+/// ids sorted (as rings list them).
+fn spawn_skewed<'a>(nodes: &[(&'a str, &str)]) -> (Vec<Proc>, Vec<&'a str>) {
+    let gossip = ports(nodes.len());
+    let procs = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, (id, offset))| {
+            spawn(
+                id,
+                gossip[i],
+                &gossip,
+                &[("SLUICE_TEST_CLOCK_OFFSET_MS", offset)],
+            )
+        })
+        .collect();
+    let mut ids: Vec<&str> = nodes.iter().map(|n| n.0).collect();
+    ids.sort();
+    (procs, ids)
+}
+
 /// Through each node, keys owned by each node (itself included): the
 /// first LIMIT hits admitted and the next refused, all exact.
 async fn every_answer_exact(procs: &[Proc], ids: &[&str], name: &str) {
@@ -76,26 +97,12 @@ async fn a_node_10_min_off_either_way_is_corrected_to_and_answers_exact() {
     // each skewed node's first calls to and from the others are refused
     // for the time, with the refusing node's clock, and every later token
     // is stamped on the receiver's clock.
-    let gossip = ports(3);
     let nodes = [
         ("far-ahead", "600000"),
         ("far-true", "0"),
         ("far-behind", "-600000"),
     ];
-    let procs: Vec<Proc> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, (id, offset))| {
-            spawn(
-                id,
-                gossip[i],
-                &gossip,
-                &[("SLUICE_TEST_CLOCK_OFFSET_MS", offset)],
-            )
-        })
-        .collect();
-    let mut ids: Vec<&str> = nodes.iter().map(|n| n.0).collect();
-    ids.sort();
+    let (procs, ids) = spawn_skewed(&nodes);
     // `sluice cluster status` signs its call on this machine's clock: only
     // the true node takes it (the CLI stamps no peer's clock).
     rings_are(
@@ -165,27 +172,13 @@ async fn a_node_10_min_off_either_way_is_corrected_to_and_answers_exact() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_node_3_s_off_either_way_keeps_every_answer_exact() {
-    let gossip = ports(3);
     let nodes = [
         ("skew-ahead", "3000"),
         ("skew-true", "0"),
         ("skew-behind", "-3000"),
     ];
-    let procs: Vec<Proc> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, (id, offset))| {
-            spawn(
-                id,
-                gossip[i],
-                &gossip,
-                &[("SLUICE_TEST_CLOCK_OFFSET_MS", offset)],
-            )
-        })
-        .collect();
+    let (procs, ids) = spawn_skewed(&nodes);
     let refs: Vec<&Proc> = procs.iter().collect();
-    let mut ids: Vec<&str> = nodes.iter().map(|n| n.0).collect();
-    ids.sort();
     rings_are(&refs, &ids, "three skewed nodes in every ring", SETTLE).await;
 
     every_answer_exact(&procs, &ids, "skew").await;

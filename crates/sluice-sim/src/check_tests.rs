@@ -70,22 +70,29 @@ fn kinds_after(
     calls: Vec<Call>,
     events: &[(u64, usize, Event)],
 ) -> Vec<String> {
-    let limit = keys(s.seed)[k].limit as i64;
-    let mut calls = calls;
-    // Make the history otherwise whole: liveness probes through every
-    // node and a final count matching what was admitted.
     let admitted = calls.iter().filter(|c| c.hits > 0).count() as i64;
+    verdict(s, k, calls, Vec::new(), events, admitted)
+}
+
+/// Key `k`'s violations, by their first words, its history made
+/// otherwise whole: liveness probes through every node and a final count,
+/// both showing `spent`.
+fn verdict(
+    s: &Schedule,
+    k: usize,
+    mut calls: Vec<Call>,
+    resets: Vec<Reset>,
+    events: &[(u64, usize, Event)],
+    spent: i64,
+) -> Vec<String> {
+    let limit = keys(s.seed)[k].limit as i64;
     for n in 0..s.nodes {
-        let mut c = answer(k, s.heal + 2_000, 0, limit - admitted, "n1");
+        let mut c = answer(k, s.heal + 2_000, 0, limit - spent, "n1");
         c.node = n;
         calls.push(c);
     }
-    calls.push(answer(k, s.end + 2_000, 0, limit - admitted, "n1"));
-    let history = History {
-        calls,
-        resets: Vec::new(),
-    };
-    check(s, &history, events)
+    calls.push(answer(k, s.end + 2_000, 0, limit - spent, "n1"));
+    check(s, &History { calls, resets }, events)
         .into_iter()
         .filter(|v| v.key == Some(k))
         .map(|v| v.what.split(':').next().unwrap_or_default().to_string())
@@ -396,20 +403,7 @@ fn reset(key: usize, sent_ms: u64, done_ms: u64, ok: bool) -> Reset {
 /// Key `k`'s violations with these resets, the history made whole with
 /// a final count of `spent` (and liveness probes saying the same).
 fn kinds_reset(k: usize, calls: Vec<Call>, resets: Vec<Reset>, spent: i64) -> Vec<String> {
-    let s = schedule(Vec::new());
-    let limit = keys(s.seed)[k].limit as i64;
-    let mut calls = calls;
-    for n in 0..s.nodes {
-        let mut c = answer(k, s.heal + 2_000, 0, limit - spent, "n1");
-        c.node = n;
-        calls.push(c);
-    }
-    calls.push(answer(k, s.end + 2_000, 0, limit - spent, "n1"));
-    check(&s, &History { calls, resets }, &[])
-        .into_iter()
-        .filter(|v| v.key == Some(k))
-        .map(|v| v.what.split(':').next().unwrap_or_default().to_string())
-        .collect()
+    verdict(&schedule(Vec::new()), k, calls, resets, &[], spent)
 }
 
 #[test]

@@ -15,36 +15,41 @@ use crate::sim::Event;
 /// (20 ms) while changes come — plus the simulated network.
 pub const LAG: u64 = 100;
 
-/// When (ns, from–to) node `n`'s gossip to every peer was lost at once
-/// (one-way cuts from it, of gossip or of both): no peer hears it, nor
-/// can pass its heartbeats on, and they bury it.
-fn silenced(s: &Schedule, n: usize) -> impl Iterator<Item = (u64, u64)> + '_ {
+/// Node `n`'s one-way cuts of a protocol other than `not`, grouped by the
+/// instant they began: (start, earliest end) in ms, for each group of at
+/// least `peers` cuts.
+fn cuts_from(s: &Schedule, n: usize, not: Proto, peers: usize) -> Vec<(u64, u64)> {
+    let from_n =
+        |f: &Fault| matches!(*f, Fault::Cut { from, proto, .. } if from == n && proto != not);
     let mut starts: Vec<u64> = s
         .faults
         .iter()
-        .filter_map(|f| match *f {
-            Fault::Cut {
-                from, proto, at, ..
-            } if from == n && proto != Proto::Tcp => Some(at),
-            _ => None,
-        })
+        .filter(|f| from_n(f))
+        .map(Fault::at)
         .collect();
     starts.sort_unstable();
     starts.dedup();
-    starts.into_iter().filter_map(move |at| {
-        let cut: Vec<&Fault> = s
-            .faults
-            .iter()
-            .filter(|f| {
-                matches!(**f, Fault::Cut { from, proto, at: t, .. }
-                    if from == n && proto != Proto::Tcp && t == at)
-            })
-            .collect();
-        (cut.len() + 1 >= s.nodes).then(|| {
-            let end = cut.iter().map(|f| f.end()).min().unwrap_or(at);
-            (ms(at), ms(end))
+    starts
+        .into_iter()
+        .filter_map(|at| {
+            let cut: Vec<&Fault> = s
+                .faults
+                .iter()
+                .filter(|f| from_n(f) && f.at() == at)
+                .collect();
+            (cut.len() >= peers.max(1))
+                .then(|| (at, cut.iter().map(|f| f.end()).min().unwrap_or(at)))
         })
-    })
+        .collect()
+}
+
+/// When (ns, from–to) node `n`'s gossip to every peer was lost at once
+/// (one-way cuts from it, of gossip or of both): no peer hears it, nor
+/// can pass its heartbeats on, and they bury it.
+fn silenced(s: &Schedule, n: usize) -> impl Iterator<Item = (u64, u64)> {
+    cuts_from(s, n, Proto::Tcp, s.nodes - 1)
+        .into_iter()
+        .map(|(at, end)| (ms(at), ms(end)))
 }
 
 /// How long (ms) a node cut off from a majority may go on owning: until
@@ -183,31 +188,9 @@ impl Faults {
         // cut's end, if sooner), reaching back over the cut. So is one
         // whose outbound gossip to every peer is lost (below).
         for n in 0..s.nodes {
-            let mut starts: Vec<u64> = s
-                .faults
-                .iter()
-                .filter_map(|f| match *f {
-                    Fault::Cut {
-                        from, proto, at, ..
-                    } if from == n && proto != Proto::Udp => Some(at),
-                    _ => None,
-                })
-                .collect();
-            starts.sort_unstable();
-            starts.dedup();
-            for at in starts {
-                let cut: Vec<&Fault> = s
-                    .faults
-                    .iter()
-                    .filter(|f| {
-                        matches!(**f, Fault::Cut { from, proto, at: t, .. }
-                            if from == n && proto != Proto::Udp && t == at)
-                    })
-                    .collect();
-                if cut.len() * 2 >= s.nodes - 1 {
-                    let end = cut.iter().map(|f| f.end()).min().unwrap_or(at);
-                    deaths.push((n, ms(at + cut_off_fence().min(end - at)), ms(at)));
-                }
+            // Half its peers or more (`2 × cuts ≥ peers`).
+            for (at, end) in cuts_from(s, n, Proto::Udp, s.nodes / 2) {
+                deaths.push((n, ms(at + cut_off_fence().min(end - at)), ms(at)));
             }
             // Its gossip to every peer lost (none can pass its heartbeats
             // on): its peers bury it and take its keys over from replicas
