@@ -250,7 +250,7 @@ impl Doubts {
         let guessed_open = !member && regions.iter().any(Region::opened_guessed);
         for r in regions.iter_mut() {
             r.gone.retain(|(id, generation)| !is_live(id, *generation));
-            if !(member && r.opened_guessed()) {
+            if !r.of_sources() && !(member && r.opened_guessed()) {
                 r.lose(&gone, Some(c.previous.as_ref()), c.view, now);
             }
             // A holder back leaves one member gone: no key is in doubt
@@ -269,7 +269,7 @@ impl Doubts {
         // joined it above.
         let known = regions
             .iter()
-            .any(|r| r.previous.epoch() == c.previous.epoch());
+            .any(|r| !r.of_sources() && r.previous.epoch() == c.previous.epoch());
         let mut sorted = gone.clone();
         sorted.sort();
         let ended_before = Self::was_done(&self.done(), &sorted);
@@ -299,11 +299,7 @@ impl Doubts {
             };
             regions.push(region);
         }
-        while regions.len() > MAX_REGIONS {
-            let r = regions.remove(0);
-            ended.taken = ended.taken.saturating_add(r.counted());
-            Self::remember(&mut self.done(), &r.gone);
-        }
+        self.trim(&mut regions, &mut ended);
         self.any
             .store(regions.iter().any(Region::can_cover), Ordering::Release);
         drop(regions);
@@ -321,6 +317,61 @@ impl Doubts {
         }
         self.any
             .store(regions.iter().any(Region::can_cover), Ordering::Release);
+    }
+
+    /// Members this node's transfer still waited for (`lost`: not
+    /// leavers, whose loss `leavers.rs` reads) were lost before they said
+    /// `done`: what they held of the keys this node took since `settled`,
+    /// the last ring whose transfer it completed (adopted in view
+    /// `since`), never came — a key's
+    /// only current count may have been theirs (simulator seed 212 of
+    /// `--mix any`: a new process owned a key whose owner had died and
+    /// whose only other holder was dead but not yet buried; once that
+    /// holder was buried the transfer was complete, and the key was
+    /// decided as new). Each such key is in doubt for the grace from the
+    /// loss, or until a lost member is heard again as the process it was
+    /// (its state then comes with the transfer).
+    pub fn sources_lost(
+        &self,
+        lost: &[(Arc<str>, u64)],
+        settled: Arc<Ring>,
+        since: u64,
+        now: Nanos,
+    ) -> Ended {
+        if lost.is_empty() {
+            return Ended::default();
+        }
+        let ring = Arc::new(Ring::new(lost.iter().map(|(id, generation)| {
+            crate::cluster::ring::Member {
+                node_id: id.clone(),
+                generation: *generation,
+                ..Default::default()
+            }
+        })));
+        let gone = lost.to_vec();
+        let mut regions = self.regions();
+        regions.push(Region::unfinished(
+            (settled, since),
+            ring,
+            gone,
+            now,
+            self.grace,
+        ));
+        let mut ended = Ended::default();
+        self.trim(&mut regions, &mut ended);
+        self.any
+            .store(regions.iter().any(Region::can_cover), Ordering::Release);
+        ended
+    }
+
+    /// Past [`MAX_REGIONS`], the oldest regions end early (taken from
+    /// their best copies).
+    fn trim(&self, regions: &mut Vec<Region>, ended: &mut Ended) {
+        while regions.len() > MAX_REGIONS {
+            let r = regions.remove(0);
+            ended.taken = ended.taken.saturating_add(r.counted());
+            Self::remember(&mut self.done(), &r.gone);
+        }
     }
 
     /// Forget every region (this node rejoined as a new member: see
@@ -343,7 +394,7 @@ impl Doubts {
         // review). Those that saw the losses publish them.
         let mut open: Vec<&Region> = regions
             .iter()
-            .filter(|r| r.can_cover() && r.until > now && !r.opened_guessed())
+            .filter(|r| r.can_cover() && r.until > now && !r.private())
             .collect();
         // The most time left first: those are what a bound keeps.
         open.sort_by_key(|r| std::cmp::Reverse(r.until));
@@ -450,7 +501,7 @@ impl Doubts {
             // untold: this node may own keys of it whose only live holder
             // of record was one (a zone places a key's new owner apart
             // from its replica holder).
-            if let Some(r) = regions.iter_mut().find(|r| holds(r)) {
+            if let Some(r) = regions.iter_mut().find(|r| !r.of_sources() && holds(r)) {
                 if !lost.is_empty() {
                     r.learn_untold(&p.untold);
                 }
@@ -590,3 +641,7 @@ mod tests;
 #[cfg(test)]
 #[path = "doubt_adopt_tests.rs"]
 mod adopt_tests;
+
+#[cfg(test)]
+#[path = "doubt_sources_tests.rs"]
+mod sources_tests;

@@ -78,6 +78,13 @@ pub(super) struct Region {
     /// When the latest member was lost (what a guessed region's doubt runs
     /// from: its later losses are in none of its ring's places).
     last_loss: Nanos,
+    /// Opened by a member this node's transfer still waited for, lost
+    /// before it said `done` (`Limiter::sources_lost`): the last ring
+    /// whose transfer this node completed, and the view it adopted it in.
+    /// Every key it owns now and did not hold current there — as its
+    /// owner, or as the replica holder its owner said caught up — is in
+    /// doubt for the grace from the loss.
+    settled: Option<(Arc<Ring>, u64)>,
 }
 
 impl Region {
@@ -108,6 +115,7 @@ impl Region {
             named,
             guessed: false,
             last_loss: now,
+            settled: None,
         };
         r.lose(&gone, None, view, now);
         r
@@ -140,10 +148,40 @@ impl Region {
         self.guessed = true;
     }
 
+    /// A region over what `lost` (members this node's transfer still
+    /// waited for) may have held of the keys this node took since
+    /// `settled`, the last ring whose transfer it completed (see
+    /// [`Region::settled`]). Its ring is the members lost alone (nothing
+    /// is read in it: it names the losses).
+    pub(super) fn unfinished(
+        settled: (Arc<Ring>, u64),
+        lost: Arc<Ring>,
+        gone: Vec<(Arc<str>, u64)>,
+        now: Nanos,
+        grace: Nanos,
+    ) -> Region {
+        let mut r = Region::new(lost, gone, 0, now, grace);
+        r.settled = Some(settled);
+        r
+    }
+
     /// Guessed and opened here (not adopted): over a ring of this node's
     /// own guess, which it neither publishes nor extends once a member.
     pub(super) fn opened_guessed(&self) -> bool {
         self.guessed && self.opened_here
+    }
+
+    /// This node's own reading, not a peer's: a guess over a ring it was
+    /// not in, or a transfer's source lost before `done`. Neither is
+    /// published (no peer could read it as meant) nor extended by later
+    /// losses once this node is a member.
+    pub(super) fn private(&self) -> bool {
+        self.opened_guessed() || self.of_sources()
+    }
+
+    /// Opened by a transfer's source lost before `done`.
+    pub(super) fn of_sources(&self) -> bool {
+        self.settled.is_some()
     }
 
     /// A region as a peer published it, ending at `until`: `lost` in the
@@ -265,6 +303,19 @@ impl Region {
     /// before the owner said it held the owner's replicas: `me`), and the
     /// grace from the later of their losses has not passed.
     pub(super) fn covers(&self, k: &[u8], now: Nanos, me: &super::Me<'_>) -> bool {
+        if let Some((settled, since)) = &self.settled {
+            let (owner, holder) = settled.holders_without(k, |_| false);
+            let members = settled.members();
+            let is_me = |i: Option<usize>| i.is_some_and(|i| *members[i].node_id == *me.id);
+            let current = is_me(owner)
+                || (is_me(holder)
+                    && owner.is_some_and(|o| {
+                        let o = &members[o];
+                        said_by_its_protocol(o)
+                            || (me.confirmed)(&o.node_id, settled.epoch(), *since)
+                    }));
+            return !current && self.last_loss.saturating_add(self.grace) > now;
+        }
         if self.guessed {
             return self.can_cover() && self.last_loss.saturating_add(self.grace) > now;
         }
@@ -344,6 +395,9 @@ impl Region {
     /// two: the other may have been this node before its owner said it
     /// held its replicas).
     pub(super) fn can_cover(&self) -> bool {
+        if self.settled.is_some() {
+            return !self.gone.is_empty();
+        }
         if self.guessed {
             // Or one gone whose holder a word named untold: where that
             // holder stood is not known here either.

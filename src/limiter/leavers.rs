@@ -108,6 +108,14 @@ impl Leavers {
         }
     }
 
+    /// Whether `id` at `generation` was seen leaving (its loss is read
+    /// here, not as a transfer's source: `Limiter::sources_lost`).
+    pub(super) fn noted(&self, id: &str, generation: u64) -> bool {
+        self.lock()
+            .iter()
+            .any(|l| &*l.id == id && l.generation == generation)
+    }
+
     /// The noted leaver `id` at `generation` that never said `done`: its
     /// process's first generation and the ring it left (taken: read once;
     /// a leaver heard again and lost again is gone again in the regions).

@@ -140,6 +140,12 @@ struct Topology {
     holdings: Arc<Holdings>,
     /// Every tombstone this node knows of: peer calls from them are refused.
     buried: Arc<std::collections::BTreeSet<(Arc<str>, u64)>>,
+    /// The last ring whose transfer this process completed as the
+    /// member it is now (empty after a start or a rejoin): what it owned
+    /// there it holds current, and what it held there as a replica holder
+    /// its owner said it caught up with (`Limiter::sources_lost`); and the
+    /// view number it adopted that ring in.
+    settled: (Arc<Ring>, u64),
 }
 
 impl Topology {
@@ -155,6 +161,7 @@ impl Topology {
             minority: false,
             incoming: Arc::new(Incoming::new(0, 0, [].iter())),
             buried: Arc::default(),
+            settled: (Arc::new(Ring::default()), 0),
         }
     }
 }
@@ -362,6 +369,14 @@ impl Limiter {
             &reachable,
             rejoined,
         );
+        let settled = if rejoined {
+            (Arc::new(Ring::default()), number)
+        } else if transfer_done {
+            (old.ring.clone(), old.ring_since)
+        } else {
+            old.settled.clone()
+        };
+        self.sources_lost(&settled, &unfinished, &holders, rejoined);
         incoming.prune(&holders);
         // A member gone may have been the last the transfer waited for.
         self.transfer_done();
@@ -411,6 +426,7 @@ impl Limiter {
             incoming: incoming.clone(),
             holdings: holdings.clone(),
             buried: view.buried.clone(),
+            settled,
         }));
         self.shared.views.send_replace((view.ring.epoch(), number));
         self.export_transfer();

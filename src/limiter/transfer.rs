@@ -21,6 +21,9 @@
 //! leaves the view is no longer waited for (it can answer no more); one
 //! suspected but not buried is still a member and still waited for — it
 //! may hold counts — until a majority buries it (usually within a second).
+//! One lost so, before it said `done`, may have held the only current
+//! count of a key this node took in the meantime: those keys are in doubt
+//! for the grace (`Limiter::sources_lost`, `doubt.rs`).
 //! A protocol-2 member (a rolling upgrade) has no `Transfer`: it never says
 //! `done`, and lacking keys are pulled from it for as long as it is live.
 
@@ -36,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Limiter;
 use crate::cluster::peers::Received;
-use crate::cluster::ring::Member;
+use crate::cluster::ring::{Member, Ring};
 use crate::store::Holding;
 
 /// Where one member stands in this node's transfer for a view.
@@ -235,6 +238,49 @@ pub const PAGE_BYTES: usize = 1 << 20;
 const HOLDER_WAIT: Duration = Duration::from_millis(500);
 
 impl Limiter {
+    /// On every view, before the transfer stops waiting for members gone
+    /// (`Incoming::prune`): members it still waited for (`unfinished`),
+    /// no longer among `holders`, and not seen leaving (`leavers.rs` reads
+    /// those), were lost before they said `done` — the keys this node
+    /// owns and did not hold current in `settled` (the last ring whose
+    /// transfer it completed, and the view it adopted it in) are in doubt
+    /// (`Doubts::sources_lost`). A decision must
+    /// not see the transfer complete before the doubt is open.
+    pub(super) fn sources_lost(
+        &self,
+        settled: &(Arc<Ring>, u64),
+        unfinished: &[(Arc<str>, u64)],
+        holders: &[Member],
+        rejoined: bool,
+    ) {
+        if rejoined {
+            // Its regions are forgotten: it starts over as a new node.
+            return;
+        }
+        let lost: Vec<(Arc<str>, u64)> = unfinished
+            .iter()
+            .filter(|(id, generation)| {
+                !holders
+                    .iter()
+                    .any(|m| m.node_id == *id && m.generation == *generation)
+                    && !self.shared.leavers.noted(id, *generation)
+            })
+            .cloned()
+            .collect();
+        if lost.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            members = ?lost,
+            "members this node's transfer waited for were lost before they handed it their keys: the keys it took since its last complete transfer are in doubt"
+        );
+        let ended =
+            self.shared
+                .doubts
+                .sources_lost(&lost, settled.0.clone(), settled.1, self.now());
+        self.doubts_ended(ended);
+    }
+
     /// Ask every pending member of `incoming` for this node's keys, page by
     /// page, until each says `done` or the view is replaced.
     pub(super) fn start_transfer(&self, incoming: Arc<Incoming>) {
