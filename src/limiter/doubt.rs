@@ -250,7 +250,7 @@ impl Doubts {
         let guessed_open = !member && regions.iter().any(Region::opened_guessed);
         for r in regions.iter_mut() {
             r.gone.retain(|(id, generation)| !is_live(id, *generation));
-            if !r.of_sources() && !(member && r.opened_guessed()) {
+            if !(r.of_sources() || (member && r.opened_guessed())) {
                 r.lose(&gone, Some(c.previous.as_ref()), c.view, now);
             }
             // A holder back leaves one member gone: no key is in doubt
