@@ -311,6 +311,21 @@ fn a_wipe_is_an_owner_and_its_replica_holder_crashed_together() {
     let late = 10_000 + WIPE_WINDOW + 1;
     let far = Faults::of(&s, &crashes(&[(0, 10_000, 20_000), (1, late, 21_000)]));
     assert_eq!(far.wipes(&s, both), Vec::<u64>::new());
+    // Unless a lossy link held the re-replication up meanwhile (seed 2280
+    // of `--mix any`); the window counts the time it did not.
+    let lossy = |span: u64| {
+        let s = schedule(vec![Fault::Loss {
+            node: 2,
+            at: 10_000,
+            span,
+            percent: 29,
+        }]);
+        let second = 10_000 + WIPE_WINDOW + 500;
+        let f = Faults::of(&s, &crashes(&[(0, 10_000, 20_000), (1, second, 21_000)]));
+        f.wipes(&s, both)
+    };
+    assert_eq!(lossy(3_000), vec![ms(10_000) + grace]);
+    assert_eq!(lossy(490), Vec::<u64>::new());
     // At the same instant: one pair, counted once.
     let same = Faults::of(&s, &crashes(&[(1, 10_000, 12_000), (0, 10_000, 12_000)]));
     assert_eq!(same.wipes(&s, both), vec![ms(10_000) + grace]);
@@ -322,8 +337,22 @@ fn a_wipe_is_an_owner_and_its_replica_holder_crashed_together() {
         events.push((ms(since), 1, Event::Paused { span: ms(6_000) }));
         Faults::of(&s, &events)
     };
-    assert_eq!(paused(7_000).wipes(&s, both), vec![ms(9_000) + grace]);
-    assert_eq!(paused(8_990).wipes(&s, both), Vec::<u64>::new());
+    // (And, in both, the cluster n0's and n2's new processes form on
+    // their own at 12 s while n1 still sleeps: `formed_apart`.)
+    assert_eq!(
+        paused(7_000).wipes(&s, both),
+        vec![ms(12_000), ms(9_000) + grace]
+    );
+    assert_eq!(paused(8_990).wipes(&s, both), vec![ms(12_000)]);
+    // Back from a pause past failure detection, it rejoins: out of the
+    // ring for [`REJOIN`] after (seed 2380 of `--mix any`).
+    let back = |ended: u64| {
+        let mut events = crashes(&[(2, 9_000, 12_000), (0, 9_200, 12_000)]);
+        events.push((ms(ended - 1_000), 1, Event::Paused { span: ms(1_000) }));
+        Faults::of(&s, &events)
+    };
+    assert_eq!(back(8_700).wipes(&s, both), vec![ms(9_000) + grace]);
+    assert_eq!(back(9_000 - REJOIN - 1).wipes(&s, both), Vec::<u64>::new());
 }
 
 /// Every node down at once, or a new process too young to hold a copy:
@@ -369,6 +398,71 @@ fn a_total_loss_wipes_every_key_at_once() {
     // One node up throughout: never a total loss.
     let two = Faults::of(&s, &crashes(&[(0, 10_000, 12_000), (1, 10_100, 13_000)]));
     assert!(two.total_losses(&s).is_empty());
+}
+
+/// Seed 2504's shape: n1 left, so n0 alone held every count; n0 paused
+/// 6 s; n2 (late) and n1's new process started during the pause. The two
+/// form a cluster of their own: every key may start over when the second
+/// starts — and not when one of them started before n0 fell asleep (it
+/// heard n0), nor when n0 wakes before they could turn ready.
+#[test]
+fn new_processes_that_never_heard_a_sleeping_cluster_form_their_own() {
+    let mut s = schedule(Vec::new());
+    s.late = vec![(2, 13_717)];
+    let run = |n2_start: u64, pause: (u64, u64)| {
+        let events = vec![
+            (ms(10_020), 1, Event::Leaving),
+            (
+                ms(pause.0),
+                0,
+                Event::Paused {
+                    span: ms(pause.1 - pause.0),
+                },
+            ),
+            (ms(n2_start), 2, Event::Started),
+            (ms(16_020), 1, Event::Started),
+        ];
+        let mut s = s.clone();
+        s.late = vec![(2, n2_start)];
+        Faults::of(&s, &events).formed_apart(&s)
+    };
+    assert_eq!(run(13_717, (12_670, 18_670)), vec![ms(16_020)]);
+    for k in 0..KEYS {
+        let f = Faults::of(
+            &s,
+            &[
+                (ms(10_020), 1, Event::Leaving),
+                (ms(12_670), 0, Event::Paused { span: ms(6_000) }),
+                (ms(13_717), 2, Event::Started),
+                (ms(16_020), 1, Event::Started),
+            ],
+        );
+        assert!(f.wipes(&s, k).contains(&ms(16_020)), "key {k}");
+    }
+    // n2 started before n0 fell asleep: it heard n0, and holds its copies.
+    assert!(run(12_000, (12_670, 18_670)).is_empty());
+    // n0 wakes before the two could turn ready.
+    let woke = 16_020 + first_ready() / 1_000_000 - 1;
+    assert!(run(13_717, (12_670, woke)).is_empty());
+    // One new process alone waits for a cluster: none forms.
+    let alone = Faults::of(
+        &s,
+        &[
+            (ms(10_020), 1, Event::Leaving),
+            (ms(12_670), 0, Event::Paused { span: ms(6_000) }),
+            (ms(13_717), 2, Event::Started),
+        ],
+    );
+    assert!(alone.formed_apart(&s).is_empty());
+    // n1 never left: awake throughout, it holds copies and answers.
+    let old = Faults::of(
+        &s,
+        &[
+            (ms(12_670), 0, Event::Paused { span: ms(6_000) }),
+            (ms(13_717), 2, Event::Started),
+        ],
+    );
+    assert!(old.formed_apart(&s).is_empty());
 }
 
 #[test]
