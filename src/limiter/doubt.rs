@@ -69,6 +69,10 @@ use region::Region;
 
 #[path = "doubt_rebuild.rs"]
 mod rebuild;
+
+#[path = "doubt_held.rs"]
+mod held;
+pub use held::Held;
 use rebuild::rebuild;
 
 /// What a region's end came to, for the metrics.
@@ -321,24 +325,20 @@ impl Doubts {
 
     /// Members this node's transfer still waited for (`lost`: not
     /// leavers, whose loss `leavers.rs` reads) were lost before they said
-    /// `done`: what they held of the keys this node took since `settled`,
-    /// the last ring whose transfer it completed (adopted in view
-    /// `since`), never came — a key's
+    /// `done`: what they held of the keys this node did not hold current
+    /// (`held`: since its last complete transfer) never came — a key's
     /// only current count may have been theirs (simulator seed 212 of
     /// `--mix any`: a new process owned a key whose owner had died and
     /// whose only other holder was dead but not yet buried; once that
     /// holder was buried the transfer was complete, and the key was
-    /// decided as new). Each such key is in doubt for the grace from the
-    /// loss, or until a lost member is heard again as the process it was
-    /// (its state then comes with the transfer).
-    pub fn sources_lost(
-        &self,
-        lost: &[(Arc<str>, u64)],
-        settled: Arc<Ring>,
-        since: u64,
-        now: Nanos,
-    ) -> Ended {
-        if lost.is_empty() {
+    /// decided as new). Each such key one of them may have held is in
+    /// doubt for the grace from the loss, or until a lost member is heard
+    /// again as the process it was (its state then comes with the
+    /// transfer). Losses an operator accepted already open nothing.
+    pub fn sources_lost(&self, lost: &[(Arc<str>, u64)], held: Held, now: Nanos) -> Ended {
+        let mut gone = lost.to_vec();
+        gone.sort();
+        if gone.is_empty() || Self::was_done(&self.done(), &gone) {
             return Ended::default();
         }
         let ring = Arc::new(Ring::new(lost.iter().map(|(id, generation)| {
@@ -348,15 +348,8 @@ impl Doubts {
                 ..Default::default()
             }
         })));
-        let gone = lost.to_vec();
         let mut regions = self.regions();
-        regions.push(Region::unfinished(
-            (settled, since),
-            ring,
-            gone,
-            now,
-            self.grace,
-        ));
+        regions.push(Region::unfinished(held, ring, gone, now, self.grace));
         let mut ended = Ended::default();
         self.trim(&mut regions, &mut ended);
         self.any
@@ -378,10 +371,19 @@ impl Doubts {
     /// `Limiter::set_view`). What they held was not taken from a best
     /// copy here: the regions the peers publish carry it on.
     pub fn forget(&self) {
-        // The rings its losses were seen in are gone with the regions.
+        // The rings its losses were seen in are gone with the regions —
+        // but for those over a transfer's lost sources: no peer holds
+        // them (they are never published), and what this node held is
+        // copies now, so every key a source may have held stays in doubt
+        // (a cold review).
         self.seen().clear();
-        self.regions().clear();
-        self.any.store(false, Ordering::Release);
+        let mut regions = self.regions();
+        regions.retain(Region::of_sources);
+        for r in regions.iter_mut() {
+            r.forget_held();
+        }
+        self.any
+            .store(regions.iter().any(Region::can_cover), Ordering::Release);
     }
 
     /// This node's open regions that can hold a key in doubt, as it

@@ -78,13 +78,11 @@ pub(super) struct Region {
     /// When the latest member was lost (what a guessed region's doubt runs
     /// from: its later losses are in none of its ring's places).
     last_loss: Nanos,
-    /// Opened by a member this node's transfer still waited for, lost
-    /// before it said `done` (`Limiter::sources_lost`): the last ring
-    /// whose transfer this node completed, and the view it adopted it in.
-    /// Every key it owns now and did not hold current there — as its
-    /// owner, or as the replica holder its owner said caught up — is in
-    /// doubt for the grace from the loss.
-    settled: Option<(Arc<Ring>, u64)>,
+    /// Opened by members this node's transfer still waited for, lost
+    /// before they said `done` (`Limiter::sources_lost`): what this node
+    /// held current then. A key it did not hold current, that a member
+    /// gone may have held, is in doubt for the grace from the loss.
+    sources: Option<super::Held>,
 }
 
 impl Region {
@@ -115,7 +113,7 @@ impl Region {
             named,
             guessed: false,
             last_loss: now,
-            settled: None,
+            sources: None,
         };
         r.lose(&gone, None, view, now);
         r
@@ -149,20 +147,26 @@ impl Region {
     }
 
     /// A region over what `lost` (members this node's transfer still
-    /// waited for) may have held of the keys this node took since
-    /// `settled`, the last ring whose transfer it completed (see
-    /// [`Region::settled`]). Its ring is the members lost alone (nothing
-    /// is read in it: it names the losses).
+    /// waited for) may have held of the keys this node did not hold
+    /// current (`held`: see [`Region::sources`]). Its ring is the members
+    /// lost alone (nothing is read in it: it names the losses).
     pub(super) fn unfinished(
-        settled: (Arc<Ring>, u64),
+        held: super::Held,
         lost: Arc<Ring>,
         gone: Vec<(Arc<str>, u64)>,
         now: Nanos,
         grace: Nanos,
     ) -> Region {
         let mut r = Region::new(lost, gone, 0, now, grace);
-        r.settled = Some(settled);
+        r.sources = Some(held);
         r
+    }
+
+    /// This node rejoined as a new member: what it held is copies now.
+    pub(super) fn forget_held(&mut self) {
+        if self.sources.is_some() {
+            self.sources = Some(super::Held::unknown());
+        }
     }
 
     /// Guessed and opened here (not adopted): over a ring of this node's
@@ -181,7 +185,7 @@ impl Region {
 
     /// Opened by a transfer's source lost before `done`.
     pub(super) fn of_sources(&self) -> bool {
-        self.settled.is_some()
+        self.sources.is_some()
     }
 
     /// A region as a peer published it, ending at `until`: `lost` in the
@@ -303,18 +307,10 @@ impl Region {
     /// before the owner said it held the owner's replicas: `me`), and the
     /// grace from the later of their losses has not passed.
     pub(super) fn covers(&self, k: &[u8], now: Nanos, me: &super::Me<'_>) -> bool {
-        if let Some((settled, since)) = &self.settled {
-            let (owner, holder) = settled.holders_without(k, |_| false);
-            let members = settled.members();
-            let is_me = |i: Option<usize>| i.is_some_and(|i| *members[i].node_id == *me.id);
-            let current = is_me(owner)
-                || (is_me(holder)
-                    && owner.is_some_and(|o| {
-                        let o = &members[o];
-                        said_by_its_protocol(o)
-                            || (me.confirmed)(&o.node_id, settled.epoch(), *since)
-                    }));
-            return !current && self.last_loss.saturating_add(self.grace) > now;
+        if let Some(held) = &self.sources {
+            return !held.current(k, me)
+                && held.may_have_held(k, &self.gone, me.id)
+                && self.last_loss.saturating_add(self.grace) > now;
         }
         if self.guessed {
             return self.can_cover() && self.last_loss.saturating_add(self.grace) > now;
@@ -395,7 +391,7 @@ impl Region {
     /// two: the other may have been this node before its owner said it
     /// held its replicas).
     pub(super) fn can_cover(&self) -> bool {
-        if self.settled.is_some() {
+        if self.sources.is_some() {
             return !self.gone.is_empty();
         }
         if self.guessed {
@@ -521,6 +517,6 @@ pub(super) fn name_of(ring: &Ring) -> RingName {
 /// during a rolling upgrade): its replica holders stand as the ring names
 /// them, as before the word. A member rebuilt from a peer's word (an
 /// adopted region's loss) names no protocol: not excused.
-fn said_by_its_protocol(owner: &crate::cluster::ring::Member) -> bool {
+pub(super) fn said_by_its_protocol(owner: &crate::cluster::ring::Member) -> bool {
     (1..3).contains(&owner.protocol)
 }

@@ -1,5 +1,6 @@
 //! A transfer's source lost before it said `done` (`Doubts::sources_lost`):
 //! which keys it puts in doubt, and what ends that.
+use super::held::MAX_TRAIL;
 use super::tests::{S, anyone, change, key_of, live, ring};
 use super::*;
 
@@ -19,55 +20,129 @@ fn c_untold() -> Me<'static> {
     }
 }
 
-#[test]
-fn keys_taken_since_the_last_complete_transfer_are_in_doubt_for_the_grace() {
-    let settled = ring(&["a", "b", "c"]);
-    let mine = key_of(&settled, "c", "a");
-    let held = key_of(&settled, "a", "c");
-    let taken = key_of(&settled, "a", "b");
+fn lost_b(held: Held) -> Doubts {
     let d = Doubts::new(10 * S);
-    d.sources_lost(&[("b".into(), 1)], settled.clone(), 0, 20 * S);
+    d.sources_lost(&[("b".into(), 1)], held, 20 * S);
+    d
+}
+
+fn in_doubt(d: &Doubts, k: &[u8], at: Nanos, me: &Me<'_>) -> bool {
+    d.in_doubt(k, at, &mut Ended::default(), me)
+}
+
+#[test]
+fn keys_not_held_current_that_the_source_may_have_held_are_in_doubt_for_the_grace() {
+    let settled = ring(&["a", "b", "c", "d"]);
+    let mine = key_of(&settled, "c", "a");
+    let replica = key_of(&settled, "a", "c");
+    let taken = key_of(&settled, "a", "b");
+    // Neither b's nor c's: b never held it.
+    let elsewhere = key_of(&settled, "a", "d");
+    let d = lost_b(Held::complete(settled.clone(), 0));
     let told = c_told_by_a();
-    let mut ended = Ended::default();
-    assert!(!d.in_doubt(&mine, 21 * S, &mut ended, &told), "owned there");
+    assert!(!in_doubt(&d, &mine, 21 * S, &told), "owned there");
     assert!(
-        !d.in_doubt(&held, 21 * S, &mut ended, &told),
+        !in_doubt(&d, &replica, 21 * S, &told),
         "its replica, held current there"
     );
-    assert!(d.in_doubt(&taken, 21 * S, &mut ended, &told));
-    assert!(d.in_doubt(&taken, 29 * S, &mut ended, &told));
+    assert!(!in_doubt(&d, &elsewhere, 21 * S, &told), "b never held it");
+    assert!(in_doubt(&d, &taken, 21 * S, &told));
+    assert!(in_doubt(&d, &taken, 29 * S, &told));
     assert!(
         d.published(21 * S, &told).is_empty(),
         "its own reading: not published"
     );
+    let mut ended = Ended::default();
     assert!(
         !d.in_doubt(&taken, 30 * S, &mut ended, &told),
         "past the grace"
     );
-    assert_eq!(ended, Ended { taken: 1 });
+    assert_eq!(ended, Ended { taken: 1 }, "taken from its best copy");
 
-    // A replica its owner never said it caught up with is no current copy.
-    let d = Doubts::new(10 * S);
-    d.sources_lost(&[("b".into(), 1)], settled.clone(), 0, 20 * S);
-    let untold = c_untold();
-    assert!(d.in_doubt(&held, 21 * S, &mut Ended::default(), &untold));
-    assert!(!d.in_doubt(&mine, 21 * S, &mut Ended::default(), &untold));
+    // A replica its owner never said it caught up with is no current copy
+    // (of three, b held it but for c).
+    let three = ring(&["a", "b", "c"]);
+    let d = lost_b(Held::complete(three.clone(), 0));
+    assert!(in_doubt(&d, &key_of(&three, "a", "c"), 21 * S, &c_untold()));
+    assert!(!in_doubt(&d, &key_of(&three, "a", "c"), 21 * S, &told));
+    assert!(!in_doubt(
+        &d,
+        &key_of(&three, "c", "a"),
+        21 * S,
+        &c_untold()
+    ));
+}
 
-    // A new process completed no transfer: every key it owns.
-    let d = Doubts::new(10 * S);
-    d.sources_lost(&[("b".into(), 1)], Arc::new(Ring::default()), 0, 20 * S);
-    assert!(d.in_doubt(&mine, 21 * S, &mut Ended::default(), &told));
+#[test]
+fn a_new_process_holds_nothing_and_reads_the_rings_it_joined_through() {
+    // n joined through {a, b, c}: what b owned or held there is in doubt.
+    let before = ring(&["a", "b", "c"]);
+    let held = Held::fresh(0).after(before.clone(), 1);
+    let d = lost_b(held);
+    let n = Me {
+        id: "n",
+        confirmed: &|_, _, _| true,
+    };
+    assert!(in_doubt(&d, &key_of(&before, "a", "b"), 21 * S, &n));
+    assert!(in_doubt(&d, &key_of(&before, "b", "c"), 21 * S, &n));
+    assert!(!in_doubt(&d, &key_of(&before, "c", "a"), 21 * S, &n));
+}
+
+#[test]
+fn a_key_that_left_and_came_back_while_transfers_were_incomplete_is_not_current() {
+    // c owned k in its last complete ring; d joined and owned it, and
+    // c's transfers stayed incomplete since.
+    let settled = ring(&["a", "b", "c"]);
+    let joined = ring(&["a", "b", "c", "d"]);
+    // (Of three, b owned or held every key there but c's.)
+    let owner = |r: &Ring, k: &[u8]| r.owner(k).unwrap().node_id.to_string();
+    let k = (0..10_000)
+        .map(|i| format!("k{i}").into_bytes())
+        .find(|k| owner(&settled, k) == "c" && owner(&joined, k) == "d")
+        .expect("a key of c that d took");
+    let held = Held::complete(settled.clone(), 0).after(joined, 1);
+    assert!(in_doubt(&lost_b(held), &k, 21 * S, &c_told_by_a()));
+    // Without d's ring between, c held it throughout.
+    let held = Held::complete(settled, 0);
+    assert!(!in_doubt(&lost_b(held), &k, 21 * S, &c_told_by_a()));
+}
+
+#[test]
+fn past_the_trail_or_after_a_rejoin_every_key_is_in_doubt() {
+    let settled = ring(&["a", "b", "c", "d"]);
+    let mine = key_of(&settled, "c", "a");
+    let mut held = Held::complete(settled.clone(), 0);
+    for v in 0..=MAX_TRAIL as u64 {
+        held = held.after(ring(&["a", "b", "c", "d", &format!("e{v}")]), v + 1);
+    }
+    assert!(in_doubt(&lost_b(held), &mine, 21 * S, &c_told_by_a()));
+    // This node rejoined: what it held is copies now, and the region,
+    // published nowhere, is kept.
+    let d = lost_b(Held::complete(settled, 0));
+    assert!(!in_doubt(&d, &mine, 21 * S, &c_told_by_a()));
+    d.forget();
+    assert!(in_doubt(&d, &mine, 21 * S, &c_told_by_a()));
 }
 
 #[test]
 fn a_source_heard_again_as_the_process_it_was_ends_the_doubt() {
     let settled = ring(&["a", "b", "c"]);
     let taken = key_of(&settled, "a", "b");
-    let d = Doubts::new(10 * S);
-    d.sources_lost(&[("b".into(), 1)], Arc::new(Ring::default()), 0, 20 * S);
-    assert!(d.in_doubt(&taken, 21 * S, &mut Ended::default(), &anyone()));
+    let d = lost_b(Held::fresh(0).after(settled.clone(), 1));
+    assert!(in_doubt(&d, &taken, 21 * S, &anyone()));
     // Another loss elsewhere does not extend it; b back resolves it.
     change(&d, "c", &ring(&["b", "c"]), &live(&["b"]), 22 * S);
-    assert!(!d.in_doubt(&taken, 22 * S, &mut Ended::default(), &anyone()));
+    assert!(!in_doubt(&d, &taken, 22 * S, &anyone()));
     assert_eq!(d.figures(), (0, 0));
+}
+
+#[test]
+fn losses_an_operator_accepted_open_nothing() {
+    let settled = ring(&["a", "b", "c"]);
+    let taken = key_of(&settled, "a", "b");
+    let d = Doubts::new(10 * S);
+    change(&d, "c", &ring(&["a", "b", "c"]), &live(&["a"]), 20 * S);
+    d.accept_all();
+    d.sources_lost(&[("b".into(), 1)], Held::fresh(0), 21 * S);
+    assert!(!in_doubt(&d, &taken, 22 * S, &anyone()));
 }

@@ -140,12 +140,9 @@ struct Topology {
     holdings: Arc<Holdings>,
     /// Every tombstone this node knows of: peer calls from them are refused.
     buried: Arc<std::collections::BTreeSet<(Arc<str>, u64)>>,
-    /// The last ring whose transfer this process completed as the
-    /// member it is now (empty after a start or a rejoin): what it owned
-    /// there it holds current, and what it held there as a replica holder
-    /// its owner said it caught up with (`Limiter::sources_lost`); and the
-    /// view number it adopted that ring in.
-    settled: (Arc<Ring>, u64),
+    /// What this process holds current: the last ring whose transfer it
+    /// completed and the rings since (`Limiter::sources_lost`).
+    held: doubt::Held,
 }
 
 impl Topology {
@@ -161,7 +158,7 @@ impl Topology {
             minority: false,
             incoming: Arc::new(Incoming::new(0, 0, [].iter())),
             buried: Arc::default(),
-            settled: (Arc::new(Ring::default()), 0),
+            held: doubt::Held::fresh(0),
         }
     }
 }
@@ -357,9 +354,20 @@ impl Limiter {
         } else {
             number
         };
-        // A leaver lost before it said `done` opens its region before the
-        // transfer stops waiting for it (`prune`): a decision must not see
-        // the transfer complete and the key not yet in doubt.
+        // Whether what this node owns here was held current (for a lost
+        // source's region: `transfer.rs`).
+        let current = if rejoined {
+            doubt::Held::fresh(number)
+        } else if transfer_done {
+            doubt::Held::complete(old.ring.clone(), old.ring_since)
+        } else {
+            old.held.after(old.ring.clone(), old.ring_since)
+        };
+        // A source or a leaver lost before it said `done` opens its region
+        // before the transfer stops waiting for it (`prune`): a decision
+        // must not see the transfer complete and the key not yet in doubt.
+        // Sources first: a leaver's note is let go once its loss is read.
+        self.sources_lost(&current, &unfinished, &holders, rejoined);
         self.leavers_lost(
             &old,
             view,
@@ -369,14 +377,6 @@ impl Limiter {
             &reachable,
             rejoined,
         );
-        let settled = if rejoined {
-            (Arc::new(Ring::default()), number)
-        } else if transfer_done {
-            (old.ring.clone(), old.ring_since)
-        } else {
-            old.settled.clone()
-        };
-        self.sources_lost(&settled, &unfinished, &holders, rejoined);
         incoming.prune(&holders);
         // A member gone may have been the last the transfer waited for.
         self.transfer_done();
@@ -426,7 +426,7 @@ impl Limiter {
             incoming: incoming.clone(),
             holdings: holdings.clone(),
             buried: view.buried.clone(),
-            settled,
+            held: current,
         }));
         self.shared.views.send_replace((view.ring.epoch(), number));
         self.export_transfer();

@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Limiter;
 use crate::cluster::peers::Received;
-use crate::cluster::ring::{Member, Ring};
+use crate::cluster::ring::Member;
 use crate::store::Holding;
 
 /// Where one member stands in this node's transfer for a view.
@@ -242,13 +242,12 @@ impl Limiter {
     /// (`Incoming::prune`): members it still waited for (`unfinished`),
     /// no longer among `holders`, and not seen leaving (`leavers.rs` reads
     /// those), were lost before they said `done` — the keys this node
-    /// owns and did not hold current in `settled` (the last ring whose
-    /// transfer it completed, and the view it adopted it in) are in doubt
-    /// (`Doubts::sources_lost`). A decision must
+    /// owns and did not hold current (`held`), that they may have held,
+    /// are in doubt (`Doubts::sources_lost`). A decision must
     /// not see the transfer complete before the doubt is open.
     pub(super) fn sources_lost(
         &self,
-        settled: &(Arc<Ring>, u64),
+        held: &super::doubt::Held,
         unfinished: &[(Arc<str>, u64)],
         holders: &[Member],
         rejoined: bool,
@@ -274,10 +273,10 @@ impl Limiter {
             members = ?lost,
             "members this node's transfer waited for were lost before they handed it their keys: the keys it took since its last complete transfer are in doubt"
         );
-        let ended =
-            self.shared
-                .doubts
-                .sources_lost(&lost, settled.0.clone(), settled.1, self.now());
+        let ended = self
+            .shared
+            .doubts
+            .sources_lost(&lost, held.clone(), self.now());
         self.doubts_ended(ended);
     }
 
