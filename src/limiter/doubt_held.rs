@@ -73,20 +73,29 @@ impl Held {
     }
 
     /// Whether this node held `k` current through every ring since its
-    /// last complete transfer.
+    /// last complete transfer: there, as its owner or as the replica
+    /// holder its owner said caught up; in each ring after, as its owner
+    /// or its replica holder still — an owner that takes the key over
+    /// from it, or that it holds the key for now, replicates to it what it
+    /// decides, so no new word is needed while it was current before (a
+    /// zone killed at once: its members are buried one by one, and the
+    /// owner of the ring between says nothing of it, dead already:
+    /// `tests/zone_faults.rs`).
     pub(super) fn current(&self, k: &[u8], me: &Me<'_>) -> bool {
-        self.settled.is_some()
-            && self.rings().all(|(ring, since)| {
-                let (owner, holder) = ring.holders_without(k, |_| false);
-                let members = ring.members();
-                let is_me = |i: Option<usize>| i.is_some_and(|i| *members[i].node_id == *me.id);
-                is_me(owner)
-                    || (is_me(holder)
-                        && owner.is_some_and(|o| {
-                            let o = &members[o];
-                            super::region::said_by_its_protocol(o)
-                                || (me.confirmed)(&o.node_id, ring.epoch(), *since)
-                        }))
+        let Some((settled, since)) = &self.settled else {
+            return false;
+        };
+        let (owns, holds) = part(settled, k, me.id);
+        let (owner, _) = settled.holders_without(k, |_| false);
+        let told = owner.is_some_and(|o| {
+            let o = &settled.members()[o];
+            super::region::said_by_its_protocol(o)
+                || (me.confirmed)(&o.node_id, settled.epoch(), *since)
+        });
+        (owns || (holds && told))
+            && self.trail.iter().all(|(ring, _)| {
+                let (owns, holds) = part(ring, k, me.id);
+                owns || holds
             })
     }
 
@@ -106,4 +115,12 @@ impl Held {
                 .any(|i| lost.iter().any(|(id, _)| *id == members[i].node_id))
         })
     }
+}
+
+/// Whether `me` is `k`'s owner, and whether its replica holder, in `ring`.
+fn part(ring: &Ring, k: &[u8], me: &str) -> (bool, bool) {
+    let members = ring.members();
+    let (owner, holder) = ring.holders_without(k, |_| false);
+    let is_me = |i: Option<usize>| i.is_some_and(|i| *members[i].node_id == *me);
+    (is_me(owner), is_me(holder))
 }

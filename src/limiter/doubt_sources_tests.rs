@@ -1,7 +1,7 @@
 //! A transfer's source lost before it said `done` (`Doubts::sources_lost`):
 //! which keys it puts in doubt, and what ends that.
 use super::held::MAX_TRAIL;
-use super::tests::{S, anyone, change, key_of, live, ring};
+use super::tests::{S, anyone, change, key_of, key_where, live, ring};
 use super::*;
 
 /// `c`, told by `a` (and no one else) that it holds `a`'s replicas.
@@ -90,21 +90,51 @@ fn a_new_process_holds_nothing_and_reads_the_rings_it_joined_through() {
 
 #[test]
 fn a_key_that_left_and_came_back_while_transfers_were_incomplete_is_not_current() {
-    // c owned k in its last complete ring; d joined and owned it, and
-    // c's transfers stayed incomplete since.
-    let settled = ring(&["a", "b", "c"]);
-    let joined = ring(&["a", "b", "c", "d"]);
-    // (Of three, b owned or held every key there but c's.)
+    // c owned k in its last complete ring; d joined and owned it (c not
+    // its holder: d is in c's zone), and c's transfers stayed incomplete
+    // since.
+    let zoned = |ids: &[(&str, &str)]| {
+        Arc::new(Ring::new(ids.iter().map(|&(id, zone)| {
+            let mut m = super::tests::member(id, 1);
+            m.zone = Arc::from(zone);
+            m
+        })))
+    };
+    let settled = zoned(&[("a", "z2"), ("b", "z2"), ("c", "z1")]);
+    let joined = zoned(&[("a", "z2"), ("b", "z2"), ("c", "z1"), ("d", "z1")]);
     let owner = |r: &Ring, k: &[u8]| r.owner(k).unwrap().node_id.to_string();
     let k = (0..10_000)
         .map(|i| format!("k{i}").into_bytes())
         .find(|k| owner(&settled, k) == "c" && owner(&joined, k) == "d")
         .expect("a key of c that d took");
+    assert_ne!(&*joined.successor(&k).unwrap().node_id, "c");
     let held = Held::complete(settled.clone(), 0).after(joined, 1);
     assert!(in_doubt(&lost_b(held), &k, 21 * S, &c_told_by_a()));
     // Without d's ring between, c held it throughout.
     let held = Held::complete(settled, 0);
     assert!(!in_doubt(&lost_b(held), &k, 21 * S, &c_told_by_a()));
+}
+
+#[test]
+fn a_holder_still_holder_needs_no_new_word() {
+    // b owned k, c held it (told); b was buried after e joined, c owning
+    // or holding k in every ring between: b died before it said anything
+    // of them (a zone killed at once: its members buried one by one).
+    let settled = ring(&["a", "b", "c", "d"]);
+    let later = ring(&["a", "b", "c", "d", "e"]);
+    let k = key_where(&settled, "b", "c", |k| {
+        let holders = [later.owner(k), later.successor(k)];
+        holders.iter().flatten().any(|m| &*m.node_id == "c")
+    });
+    let told_by_b = Me {
+        id: "c",
+        confirmed: &|owner, epoch, _| owner == "b" && epoch == settled.epoch(),
+    };
+    let held = Held::complete(settled.clone(), 0).after(later.clone(), 1);
+    assert!(!in_doubt(&lost_b(held), &k, 21 * S, &told_by_b));
+    // Never told in the ring it began in: not current.
+    let held = Held::complete(settled.clone(), 0).after(later, 1);
+    assert!(in_doubt(&lost_b(held), &k, 21 * S, &c_untold()));
 }
 
 #[test]
