@@ -360,6 +360,11 @@ impl Doubts {
         ended
     }
 
+    /// Whether a region over a transfer's lost sources is open.
+    pub fn sources_open(&self) -> bool {
+        self.regions().iter().any(Region::of_sources)
+    }
+
     /// Past [`MAX_REGIONS`], the oldest regions end early (taken from
     /// their best copies).
     fn trim(&self, regions: &mut Vec<Region>, ended: &mut Ended) {

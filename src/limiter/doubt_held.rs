@@ -31,6 +31,9 @@ pub struct Held {
     settled: Option<(Arc<Ring>, u64)>,
     /// The rings adopted since, oldest first.
     trail: Vec<(Arc<Ring>, u64)>,
+    /// This node rejoined since: what it held is copies now, none current
+    /// (the rings still say which keys a source may have held).
+    copies: bool,
 }
 
 impl Held {
@@ -45,12 +48,22 @@ impl Held {
         Held {
             settled: Some((ring, since)),
             trail: Vec::new(),
+            copies: false,
         }
     }
 
     /// Nothing held, nothing known of where keys stood.
     pub fn unknown() -> Held {
         Held::default()
+    }
+
+    /// The same rings, none of their keys held current (this node
+    /// rejoined: `Doubts::forget`).
+    pub fn copies_only(&self) -> Held {
+        Held {
+            copies: true,
+            ..self.clone()
+        }
     }
 
     /// It left `ring` (adopted in view `since`) with its transfer
@@ -82,7 +95,7 @@ impl Held {
     /// owner of the ring between says nothing of it, dead already:
     /// `tests/zone_faults.rs`).
     pub(super) fn current(&self, k: &[u8], me: &Me<'_>) -> bool {
-        let Some((settled, since)) = &self.settled else {
+        let Some((settled, since)) = self.settled.as_ref().filter(|_| !self.copies) else {
             return false;
         };
         let (owns, holds) = part(settled, k, me.id);

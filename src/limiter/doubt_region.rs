@@ -164,8 +164,8 @@ impl Region {
 
     /// This node rejoined as a new member: what it held is copies now.
     pub(super) fn forget_held(&mut self) {
-        if self.sources.is_some() {
-            self.sources = Some(super::Held::unknown());
+        if let Some(held) = self.sources.take() {
+            self.sources = Some(held.copies_only());
         }
     }
 

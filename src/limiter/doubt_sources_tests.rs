@@ -138,7 +138,7 @@ fn a_holder_still_holder_needs_no_new_word() {
 }
 
 #[test]
-fn past_the_trail_or_after_a_rejoin_every_key_is_in_doubt() {
+fn past_the_trail_every_key_is_in_doubt() {
     let settled = ring(&["a", "b", "c", "d"]);
     let mine = key_of(&settled, "c", "a");
     let mut held = Held::complete(settled.clone(), 0);
@@ -146,12 +146,31 @@ fn past_the_trail_or_after_a_rejoin_every_key_is_in_doubt() {
         held = held.after(ring(&["a", "b", "c", "d", &format!("e{v}")]), v + 1);
     }
     assert!(in_doubt(&lost_b(held), &mine, 21 * S, &c_told_by_a()));
-    // This node rejoined: what it held is copies now, and the region,
-    // published nowhere, is kept.
-    let d = lost_b(Held::complete(settled, 0));
+}
+
+#[test]
+fn after_a_rejoin_what_it_held_is_copies_and_the_rings_still_narrow() {
+    // Of three, b held every key but c's own, c aside.
+    let settled = ring(&["a", "b", "c"]);
+    let mine = key_of(&settled, "c", "a");
+    let d = lost_b(Held::complete(settled.clone(), 0));
     assert!(!in_doubt(&d, &mine, 21 * S, &c_told_by_a()));
+    // Published nowhere, the region is kept; c's copy is current no more.
     d.forget();
     assert!(in_doubt(&d, &mine, 21 * S, &c_told_by_a()));
+    // A source that never held a key of c's puts none in doubt still.
+    let four = ring(&["a", "b", "c", "d"]);
+    let elsewhere = key_where(&four, "c", "a", |k| {
+        let members = four.members();
+        let (owner, holder) = four.holders_without(k, |i| &*members[i].node_id == "c");
+        [owner, holder]
+            .into_iter()
+            .flatten()
+            .all(|i| &*members[i].node_id != "b")
+    });
+    let d = lost_b(Held::complete(four, 0));
+    d.forget();
+    assert!(!in_doubt(&d, &elsewhere, 21 * S, &c_told_by_a()));
 }
 
 #[test]
@@ -160,9 +179,12 @@ fn a_source_heard_again_as_the_process_it_was_ends_the_doubt() {
     let taken = key_of(&settled, "a", "b");
     let d = lost_b(Held::fresh(0).after(settled.clone(), 1));
     assert!(in_doubt(&d, &taken, 21 * S, &anyone()));
+    // Open, it keeps this node's rings from settling (`set_view`).
+    assert!(d.sources_open());
     // Another loss elsewhere does not extend it; b back resolves it.
     change(&d, "c", &ring(&["b", "c"]), &live(&["b"]), 22 * S);
     assert!(!in_doubt(&d, &taken, 22 * S, &anyone()));
+    assert!(!d.sources_open());
     assert_eq!(d.figures(), (0, 0));
 }
 

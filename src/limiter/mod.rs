@@ -355,19 +355,28 @@ impl Limiter {
             number
         };
         // Whether what this node owns here was held current (for a lost
-        // source's region: `transfer.rs`).
-        let current = if rejoined {
-            doubt::Held::fresh(number)
-        } else if transfer_done {
-            doubt::Held::complete(old.ring.clone(), old.ring_since)
+        // source's region: `transfer.rs`). Settled once every member it
+        // could ask said `done` (a protocol-2 member never does: it is
+        // pulled from) — and no lost source's region is open: one back
+        // since may be lost again before it said `done`, and a ring
+        // settled without it says nothing of what it held (a cold review).
+        // Its losses in this view are read against the rings it went
+        // through (`held`, kept through a rejoin as copies only).
+        let settles = unfinished.is_empty() && !self.shared.doubts.sources_open();
+        let (current, lost_against) = if rejoined {
+            let copies = old
+                .held
+                .after(old.ring.clone(), old.ring_since)
+                .copies_only();
+            (doubt::Held::fresh(number), copies)
+        } else if settles {
+            let held = doubt::Held::complete(old.ring.clone(), old.ring_since);
+            (held.clone(), held)
         } else {
-            old.held.after(old.ring.clone(), old.ring_since)
+            let held = old.held.after(old.ring.clone(), old.ring_since);
+            (held.clone(), held)
         };
-        // A source or a leaver lost before it said `done` opens its region
-        // before the transfer stops waiting for it (`prune`): a decision
-        // must not see the transfer complete and the key not yet in doubt.
-        // Sources first: a leaver's note is let go once its loss is read.
-        self.sources_lost(&current, &unfinished, &holders, rejoined);
+        self.sources_lost(&lost_against, &unfinished, &holders);
         self.leavers_lost(
             &old,
             view,

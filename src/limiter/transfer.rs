@@ -250,12 +250,7 @@ impl Limiter {
         held: &super::doubt::Held,
         unfinished: &[(Arc<str>, u64)],
         holders: &[Member],
-        rejoined: bool,
     ) {
-        if rejoined {
-            // Its regions are forgotten: it starts over as a new node.
-            return;
-        }
         let lost: Vec<(Arc<str>, u64)> = unfinished
             .iter()
             .filter(|(id, generation)| {
