@@ -166,6 +166,15 @@ fn a_crash_may_lose_the_lease_reports_it_took_in_its_lag() {
         down: 1_000,
     }]);
     assert!(!kinds_of(&crashed, k, calls.clone()).contains(&"rollback".to_string()));
+    // n1 answered nothing exactly in its lag: it took no report then.
+    let quiet: Vec<Call> = calls
+        .iter()
+        .filter(|c| c.sent != ms(15_900))
+        .cloned()
+        .collect();
+    let mut quiet = quiet;
+    quiet[4] = answer(k, 17_000, 1, limit, "n2");
+    assert!(kinds_of(&crashed, k, quiet).contains(&"rollback".to_string()));
     // n2 shows the key as before n1's first admission: that one was
     // exact before the lease, long before the lag — not lost.
     let mut older = calls;
@@ -366,6 +375,18 @@ fn a_wipe_is_an_owner_and_its_replica_holder_crashed_together() {
     };
     assert_eq!(lossy(3_000), vec![ms(10_000) + grace]);
     assert_eq!(lossy(490), Vec::<u64>::new());
+    // A cut that does not touch the survivor's way to the key's new
+    // holder (n1 to n2) holds nothing up.
+    let cut = schedule(vec![Fault::Cut {
+        from: 0,
+        to: 2,
+        proto: Proto::Tcp,
+        at: 10_000,
+        span: 3_000,
+    }]);
+    let second = 10_000 + WIPE_WINDOW + 500;
+    let f = Faults::of(&cut, &crashes(&[(0, 10_000, 20_000), (1, second, 21_000)]));
+    assert_eq!(f.wipes(&cut, both), Vec::<u64>::new());
     // At the same instant: one pair, counted once.
     let same = Faults::of(&s, &crashes(&[(1, 10_000, 12_000), (0, 10_000, 12_000)]));
     assert_eq!(same.wipes(&s, both), vec![ms(10_000) + grace]);
@@ -384,15 +405,23 @@ fn a_wipe_is_an_owner_and_its_replica_holder_crashed_together() {
         vec![ms(12_000), ms(9_000) + grace]
     );
     assert_eq!(paused(8_990).wipes(&s, both), vec![ms(12_000)]);
-    // Back from a pause past failure detection, it rejoins: out of the
-    // ring for [`REJOIN`] after (seed 2380 of `--mix any`).
-    let back = |ended: u64| {
+    // Back from a pause past failure detection, it rejoined: out of the
+    // ring for [`REJOIN`] after (seed 2380 of `--mix any`) — not when it
+    // was never buried (no rejoin), nor [`REJOIN`] later.
+    let back = |ended: u64, rejoined: bool| {
         let mut events = crashes(&[(2, 9_000, 12_000), (0, 9_200, 12_000)]);
         events.push((ms(ended - 1_000), 1, Event::Paused { span: ms(1_000) }));
+        if rejoined {
+            events.push((ms(ended + 10), 1, Event::Rejoined));
+        }
         Faults::of(&s, &events)
     };
-    assert_eq!(back(8_700).wipes(&s, both), vec![ms(9_000) + grace]);
-    assert_eq!(back(9_000 - REJOIN - 1).wipes(&s, both), Vec::<u64>::new());
+    assert_eq!(back(8_700, true).wipes(&s, both), vec![ms(9_000) + grace]);
+    assert_eq!(back(8_700, false).wipes(&s, both), Vec::<u64>::new());
+    assert_eq!(
+        back(9_000 - REJOIN - 1, true).wipes(&s, both),
+        Vec::<u64>::new()
+    );
 }
 
 /// Every node down at once, or a new process too young to hold a copy:

@@ -111,8 +111,9 @@ pub(crate) enum Hold {
     Node(usize),
     /// gRPC cut between two nodes (either way): both of them.
     Link(usize, usize),
-    /// A slow or lossy node: anyone (it may hold anyone's replicas).
-    Any,
+    /// A slow or lossy node: anyone's replication may wait on it (it may
+    /// hold anyone's replicas).
+    Lossy(usize),
 }
 
 /// The run's deaths and what held replication up, from the schedule's
@@ -132,6 +133,8 @@ pub(crate) struct Faults {
     /// (node, ns): each process's start, and each leave's first word.
     starts: Vec<(usize, u64)>,
     leaves: Vec<(usize, u64)>,
+    /// (node, ns): each rejoin as a new generation (the cluster buried it).
+    rejoins: Vec<(usize, u64)>,
     /// (node, from, to) ns: pauses and suspensions.
     pauses: Vec<(usize, u64, u64)>,
 }
@@ -145,6 +148,7 @@ impl Faults {
         let mut holds = Vec::new();
         let mut crashes = Vec::new();
         let (mut starts, mut leaves, mut pauses) = (Vec::new(), Vec::new(), Vec::new());
+        let mut rejoins = Vec::new();
         let end = ms(s.end);
         for (i, &(at, n, e)) in events.iter().enumerate() {
             match e {
@@ -174,7 +178,7 @@ impl Faults {
                 }
                 Event::Started => starts.push((n, at)),
                 Event::Leaving => leaves.push((n, at)),
-                Event::Rejoined => {}
+                Event::Rejoined => rejoins.push((n, at)),
             }
         }
         for f in &s.faults {
@@ -186,7 +190,9 @@ impl Faults {
                     proto,
                     ..
                 } if proto != Proto::Udp => holds.push((from, to, Hold::Link(a, b))),
-                Fault::Slow { .. } | Fault::Loss { .. } => holds.push((from, to, Hold::Any)),
+                Fault::Slow { node, .. } | Fault::Loss { node, .. } => {
+                    holds.push((from, to, Hold::Lossy(node)))
+                }
                 _ => {}
             }
         }
@@ -218,6 +224,7 @@ impl Faults {
             starts,
             leaves,
             pauses,
+            rejoins,
         }
     }
 
@@ -247,16 +254,10 @@ impl Faults {
                 // takes the first one's keys over to re-replicate them
                 // (seed 67 of `--mix zones`: a zone lost while a third
                 // node was paused, the other holder crashed 2.6 s later).
-                // Nor time when something else held replication up: the
-                // second could not re-replicate the key meanwhile (seed
-                // 2280 of `--mix any` at 022951f: the owner's link lossy
-                // from 3 s before its holder's crash to 1.2 s after its
-                // own, 2,071 ms later).
-                if a == b || !first {
-                    continue;
-                }
-                let window = self.majority_up_when(s, ta, tb, |t| !self.held_besides(t, a, b));
-                if window > ms(WIPE_WINDOW) {
+                if a == b
+                    || !first
+                    || self.majority_up_when(s, ta, tb, |_| true) > ms(WIPE_WINDOW) * 8
+                {
                     continue;
                 }
                 // The members that can hold a copy at the first crash: a
@@ -276,14 +277,18 @@ impl Faults {
                         .iter()
                         .any(|&(m, t, back)| m == n && t < ta && back + ms(REJOIN) > ta);
                     // Or back from such a pause less than [`REJOIN`]
-                    // before: rejoining, its keys moved off it meanwhile
+                    // before, having rejoined as a new generation (the
+                    // cluster buried it): its keys moved off it meanwhile
                     // (seed 2380 of `--mix any` at 022951f: n0 back 274
                     // ms from a 3-s pause, paused again, when the two
                     // holders of its old keys crashed 550 ms apart).
                     let away = self.holds.iter().any(|&(from, to, h)| {
                         let during = from + pause_death() <= ta && ta < to;
-                        let rejoining =
-                            to >= from + pause_death() && to <= ta && ta < to + ms(REJOIN);
+                        let rejoined = self
+                            .rejoins
+                            .iter()
+                            .any(|&(m, at)| m == n && from <= at && at <= ta);
+                        let rejoining = rejoined && to <= ta && ta < to + ms(REJOIN);
                         matches!(h, Hold::Node(m) if m == n) && (during || rejoining)
                     });
                     // Nor one unheard (its gossip to every peer lost) and
@@ -316,11 +321,32 @@ impl Faults {
                 };
                 let both = (is(holders[0], a) && is(holders[1], b))
                     || (is(holders[0], b) && is(holders[1], a));
-                if both {
-                    // The region opens at the first one's suspicion: its
-                    // grace ends no sooner than `ta + grace`.
-                    out.push(ta + grace);
+                if !both {
+                    continue;
                 }
+                // Nor time when something held this key's re-replication
+                // up: the survivor, or the key's new holder (its holder
+                // in the ring without the first), away, lossy or slow, or
+                // the link between them cut — the survivor could not
+                // re-replicate the key meanwhile (seed 2280 of `--mix
+                // any` at 022951f: the owner's link lossy from 3 s before
+                // its holder's crash to 1.2 s after its own, 2,071 ms
+                // later). At most eight windows in all.
+                let members = ring.members();
+                let without_a = ring.holders_without(&key, |i| is(Some(&members[i]), a));
+                let new_holder = [without_a.0, without_a.1]
+                    .into_iter()
+                    .flatten()
+                    .map(|i| &members[i])
+                    .find(|m| !is(Some(m), b))
+                    .and_then(|m| m.node_id[1..].parse::<usize>().ok());
+                let held = |t: u64| self.held_for(t, b, new_holder);
+                if self.majority_up_when(s, ta, tb, |t| !held(t)) > ms(WIPE_WINDOW) {
+                    continue;
+                }
+                // The region opens at the first one's suspicion: its
+                // grace ends no sooner than `ta + grace`.
+                out.push(ta + grace);
             }
         }
         out.extend(self.total_losses(s));
@@ -516,16 +542,17 @@ impl Faults {
             * STEP
     }
 
-    /// Whether, at `t`, something other than node `a` or `b` being away
-    /// may hold a replication round up: a pause or crash of another node
-    /// (the new holder, say), a gRPC cut, a slow or lossy link.
-    fn held_besides(&self, t: u64, a: usize, b: usize) -> bool {
-        self.holds.iter().any(|&(from, to, h)| {
+    /// Whether, at `t`, something may hold up the re-replication from
+    /// `b` to `h`: either away (paused or down), on a slow or lossy link,
+    /// or the gRPC between them cut.
+    fn held_for(&self, t: u64, b: usize, h: Option<usize>) -> bool {
+        let touches = |n: usize| n == b || Some(n) == h;
+        self.holds.iter().any(|&(from, to, hold)| {
             from <= t
                 && t < to
-                && match h {
-                    Hold::Node(n) => n != a && n != b,
-                    Hold::Link(..) | Hold::Any => true,
+                && match hold {
+                    Hold::Node(n) | Hold::Lossy(n) => touches(n),
+                    Hold::Link(x, y) => (x == b && Some(y) == h) || (y == b && Some(x) == h),
                 }
         })
     }
@@ -537,7 +564,7 @@ impl Faults {
         let holds_up = |h: Hold| match h {
             Hold::Node(n) => n != node,
             Hold::Link(a, b) => a == node || b == node,
-            Hold::Any => true,
+            Hold::Lossy(_) => true,
         };
         let mut from = at.saturating_sub(ms(LAG));
         loop {
