@@ -354,29 +354,11 @@ impl Limiter {
         } else {
             number
         };
-        // Whether what this node owns here was held current (for a lost
-        // source's region: `transfer.rs`). Settled once every member it
-        // could ask said `done` (a protocol-2 member never does: it is
-        // pulled from) — and no lost source's region is open: one back
-        // since may be lost again before it said `done`, and a ring
-        // settled without it says nothing of what it held (a cold review).
-        // Its losses in this view are read against the rings it went
-        // through (`held`, kept through a rejoin as copies only).
-        let settles = unfinished.is_empty() && !self.shared.doubts.sources_open();
-        let (current, lost_against) = if rejoined {
-            let copies = old
-                .held
-                .after(old.ring.clone(), old.ring_since)
-                .copies_only();
-            (doubt::Held::fresh(number), copies)
-        } else if settles {
-            let held = doubt::Held::complete(old.ring.clone(), old.ring_since);
-            (held.clone(), held)
-        } else {
-            let held = old.held.after(old.ring.clone(), old.ring_since);
-            (held.clone(), held)
-        };
-        self.sources_lost(&lost_against, &unfinished, &holders);
+        // Sources and leavers lost before `done` open their regions before
+        // the transfer stops waiting for them (`prune`): a decision must not
+        // see it complete and the key not yet in doubt. Sources first: a
+        // leaver's note is let go once its loss is read.
+        let current = self.sources_lost(&old, number, rejoined, &unfinished, &holders);
         self.leavers_lost(
             &old,
             view,

@@ -37,7 +37,8 @@ use tokio::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
-use super::Limiter;
+use super::doubt::Held;
+use super::{Limiter, Topology};
 use crate::cluster::peers::Received;
 use crate::cluster::ring::Member;
 use crate::store::Holding;
@@ -239,18 +240,42 @@ const HOLDER_WAIT: Duration = Duration::from_millis(500);
 
 impl Limiter {
     /// On every view, before the transfer stops waiting for members gone
-    /// (`Incoming::prune`): members it still waited for (`unfinished`),
-    /// no longer among `holders`, and not seen leaving (`leavers.rs` reads
-    /// those), were lost before they said `done` — the keys this node
-    /// owns and did not hold current (`held`), that they may have held,
-    /// are in doubt (`Doubts::sources_lost`). A decision must
-    /// not see the transfer complete before the doubt is open.
+    /// (`Incoming::prune`): what this node holds current after `old` (its
+    /// transfer there settled once every member it could ask said `done` —
+    /// a protocol-2 member never does: it is pulled from — and while no
+    /// lost source's region is open: one back since may be lost again
+    /// before it said `done`, and a ring settled without it says nothing
+    /// of what it held); and the members it still waited for
+    /// (`unfinished`), no longer among `holders` and not seen leaving
+    /// (`leavers.rs` reads those), lost before they said `done`: the keys
+    /// this node owns and did not hold current, that they may have held,
+    /// are in doubt (`Doubts::sources_lost`) — read against its rings
+    /// since, as copies only after a rejoin. A decision must not see the
+    /// transfer complete before the doubt is open. Returns what it holds
+    /// current in view `number`.
     pub(super) fn sources_lost(
         &self,
-        held: &super::doubt::Held,
+        old: &Topology,
+        number: u64,
+        rejoined: bool,
         unfinished: &[(Arc<str>, u64)],
         holders: &[Member],
-    ) {
+    ) -> Held {
+        let settles = unfinished.is_empty() && !self.shared.doubts.sources_open();
+        let after = || old.held.after(old.ring.clone(), old.ring_since);
+        let (current, held) = if rejoined {
+            (Held::fresh(number), after().copies_only())
+        } else if settles {
+            let held = Held::complete(old.ring.clone(), old.ring_since);
+            (held.clone(), held)
+        } else {
+            (after(), after())
+        };
+        self.open_sources(&held, unfinished, holders);
+        current
+    }
+
+    fn open_sources(&self, held: &Held, unfinished: &[(Arc<str>, u64)], holders: &[Member]) {
         let lost: Vec<(Arc<str>, u64)> = unfinished
             .iter()
             .filter(|(id, generation)| {
