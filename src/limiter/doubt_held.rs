@@ -98,16 +98,17 @@ impl Held {
         let Some((settled, since)) = self.settled.as_ref().filter(|_| !self.copies) else {
             return false;
         };
-        let (owns, holds) = part(settled, k, me.id);
-        let (owner, _) = settled.holders_without(k, |_| false);
-        let told = owner.is_some_and(|o| {
-            let o = &settled.members()[o];
-            super::region::said_by_its_protocol(o)
-                || (me.confirmed)(&o.node_id, settled.epoch(), *since)
-        });
-        (owns || (holds && told))
+        let (owns, holds, owner) = part(settled, k, me.id);
+        let told = || {
+            owner.is_some_and(|o| {
+                let o = &settled.members()[o];
+                super::region::said_by_its_protocol(o)
+                    || (me.confirmed)(&o.node_id, settled.epoch(), *since)
+            })
+        };
+        (owns || (holds && told()))
             && self.trail.iter().all(|(ring, _)| {
-                let (owns, holds) = part(ring, k, me.id);
+                let (owns, holds, _) = part(ring, k, me.id);
                 owns || holds
             })
     }
@@ -130,10 +131,11 @@ impl Held {
     }
 }
 
-/// Whether `me` is `k`'s owner, and whether its replica holder, in `ring`.
-fn part(ring: &Ring, k: &[u8], me: &str) -> (bool, bool) {
+/// Whether `me` is `k`'s owner, and whether its replica holder, in `ring`;
+/// and the owner's index there.
+fn part(ring: &Ring, k: &[u8], me: &str) -> (bool, bool, Option<usize>) {
     let members = ring.members();
     let (owner, holder) = ring.holders_without(k, |_| false);
     let is_me = |i: Option<usize>| i.is_some_and(|i| *members[i].node_id == *me);
-    (is_me(owner), is_me(holder))
+    (is_me(owner), is_me(holder), owner)
 }

@@ -269,7 +269,8 @@ impl Limiter {
             let held = Held::complete(old.ring.clone(), old.ring_since);
             (held.clone(), held)
         } else {
-            (after(), after())
+            let held = after();
+            (held.clone(), held)
         };
         self.open_sources(&held, unfinished, holders);
         current
