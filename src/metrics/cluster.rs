@@ -27,6 +27,9 @@ pub struct ClusterMetrics {
     pub errors: Family<Vec<(&'static str, String)>, Counter>,
     /// Redirects answered by this node (rings briefly disagreeing).
     pub redirects: Counter,
+    /// Peer connections opened afresh: calls on the old one went
+    /// unanswered (`cluster/peers/link.rs`).
+    pub connections_renewed: Counter,
     /// RPCs attempted, by peer (forwards, probes and reports).
     pub rpcs: Family<Vec<(&'static str, String)>, Counter>,
     /// Forwards refused at once because the peer's breaker was open.
@@ -133,6 +136,7 @@ impl ClusterMetrics {
             forward_count: AtomicU64::new(0),
             errors: Family::default(),
             redirects: Counter::default(),
+            connections_renewed: Counter::default(),
             rpcs: Family::default(),
             breaker_rejections: Counter::default(),
             breakers: Family::default(),
@@ -203,6 +207,11 @@ impl ClusterMetrics {
             "sluice_redirects",
             "Forwarded items redirected to their owner",
             self.redirects.clone(),
+        );
+        registry.register(
+            "sluice_peer_connections_renewed",
+            "Peer connections opened afresh because calls on the old one went unanswered",
+            self.connections_renewed.clone(),
         );
         registry.register(
             "sluice_cluster_members",

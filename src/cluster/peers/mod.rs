@@ -34,6 +34,7 @@ use sender::Pass;
 mod batcher;
 pub mod codec;
 mod figures;
+mod link;
 mod sender;
 mod types;
 
@@ -102,7 +103,8 @@ struct Peer {
 struct Sender {
     node_id: Arc<str>,
     self_id: Arc<str>,
-    client: PeerClient<Channel>,
+    /// The connection, renewed when calls on it go unanswered.
+    link: Arc<link::Link>,
     secret: Secret,
     epoch: Arc<AtomicU64>,
     timeout: Duration,
@@ -241,17 +243,13 @@ impl Peers {
         if let Some(tls) = &settings.tls {
             endpoint = endpoint.tls_config(tls.clone())?;
         }
-        let channel = match &settings.connector {
-            None => endpoint.connect_lazy(),
-            Some(c) => endpoint.connect_with_connector_lazy(c.clone()),
-        };
-        let client = PeerClient::new(channel);
+        let link = Arc::new(link::Link::new(endpoint, settings.connector.clone()));
         let (queue, rx) = mpsc::channel(settings.queue.max(1));
         let stop = CancellationToken::new();
         let sender = Sender {
             node_id: node_id.clone(),
             self_id: self.inner.self_id.clone(),
-            client,
+            link,
             secret: self.inner.secret.clone(),
             epoch: self.inner.epoch.clone(),
             timeout: settings.timeout,

@@ -90,6 +90,15 @@ impl Sender {
         buried.is_some()
     }
 
+    /// A call got no answer within its deadline: count it toward a new
+    /// connection (`link.rs`).
+    fn unanswered(&self) {
+        if self.link.unanswered() {
+            self.metrics.connections_renewed.inc();
+            tracing::info!(peer = %self.node_id, "calls to a peer went unanswered: opening a new connection to it");
+        }
+    }
+
     /// A test-injected cut behaves like a network that drops packets: the
     /// call times out (after `timeout`, the call's deadline).
     async fn cut(&self, timeout: Duration) -> Option<ForwardError> {
@@ -140,13 +149,24 @@ impl Sender {
             None => {
                 let mut request = tonic::Request::new(request);
                 let seq = self.authorize(&mut request, timeout);
-                match tokio::time::timeout(timeout, rpc(self.client.clone(), request)).await {
-                    Ok(Ok(r)) => Ok(r.into_inner()),
-                    Ok(Err(status)) => Err(self.failed(&status, seq)),
-                    Err(_) => Err(ForwardError::Unreachable {
-                        peer: self.node_id.to_string(),
-                        reason: "deadline exceeded".to_string(),
-                    }),
+                match tokio::time::timeout(timeout, rpc(self.link.client(), request)).await {
+                    Ok(Ok(r)) => {
+                        self.link.answered();
+                        Ok(r.into_inner())
+                    }
+                    Ok(Err(status)) => {
+                        if link::timed_out(&status) {
+                            self.unanswered();
+                        }
+                        Err(self.failed(&status, seq))
+                    }
+                    Err(_) => {
+                        self.unanswered();
+                        Err(ForwardError::Unreachable {
+                            peer: self.node_id.to_string(),
+                            reason: "deadline exceeded".to_string(),
+                        })
+                    }
                 }
             }
         };
@@ -231,15 +251,19 @@ impl Sender {
             peer: self.node_id.to_string(),
             reason,
         };
-        let outcome = tokio::time::timeout(timeout, self.client.clone().forward(request)).await;
+        let outcome = tokio::time::timeout(timeout, self.link.client().forward(request)).await;
         self.metrics.forwarded(n, started.elapsed());
         self.figures.forwarded(started.elapsed());
         let response = match outcome {
             Err(_) => {
+                self.unanswered();
                 self.metrics.forward_error(&self.node_id, "timeout");
                 return Err(unreachable("deadline exceeded".into()));
             }
             Ok(Err(status)) => {
+                if link::timed_out(&status) {
+                    self.unanswered();
+                }
                 self.metrics.forward_error(&self.node_id, "rpc");
                 let expired = self.expired(&status, seq);
                 if self.heard(&status) || expired {
@@ -255,7 +279,10 @@ impl Sender {
                     status.message()
                 )));
             }
-            Ok(Ok(r)) => r.into_inner(),
+            Ok(Ok(r)) => {
+                self.link.answered();
+                r.into_inner()
+            }
         };
         self.observe_clock(sent_at, response.now_ns);
         if response.results.len() != n {
