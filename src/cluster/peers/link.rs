@@ -11,15 +11,21 @@
 //! answers a burst of resets by closing the connection
 //! (`too_many_resets`). A fresh connection waits on none of this.
 //!
-//! So calls that get no answer at all, [`SILENT_CALLS`] in a row, open a
-//! new connection for the calls after them — at most once per gap, the
-//! gap doubling from [`FIRST_GAP`] to [`LAST_GAP`] while nothing answers
-//! (a peer that is paused, not cut off, accepts connections it never
-//! serves: they are not opened for it ten times a second). An answer
-//! shows the connection carries both ways and starts the count over; an
-//! error status neither (a connection that failed, tonic opens again on
-//! its own). Calls in flight keep the old connection until they end
-//! (each has its deadline); then it closes.
+//! So a connection on which [`SILENT_CALLS`] calls in a row got no
+//! answer at all, and nothing answered for a whole gap, is replaced by a
+//! new one for the calls after them. The gap doubles from [`FIRST_GAP`]
+//! to [`LAST_GAP`] while nothing answers (a peer that is paused, not cut
+//! off, accepts connections it never serves: they are not opened for it
+//! ten times a second), and starts over once a connection has lasted the
+//! last gap and answers. A peer that answers some calls and not others
+//! (starved, answering late) never goes a gap without an answer: its
+//! connection stays. Whatever the peer sent — an answer or an error
+//! status of its own — is an answer; an error tonic made here is
+//! neither (a connection that failed, tonic opens again on its own).
+//! Each call reports on the connection it used: calls still stuck on a
+//! replaced one say nothing of the new one. They finish there (each has
+//! its deadline); then it closes — HTTP/2 pings close one that never
+//! drains (`KEEP_ALIVE`, in `mod.rs`).
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -29,10 +35,11 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::proto::peer::peer_client::PeerClient;
 
-/// Unanswered calls in a row that open a new connection: one call lost
-/// to a slow peer is no stall.
+/// Unanswered calls in a row that may open a new connection: one call
+/// lost to a slow peer is no stall.
 pub(super) const SILENT_CALLS: u32 = 3;
-/// The least time between two connections opened for silence.
+/// The least time a connection goes without an answer before it is
+/// replaced, and between two connections opened for silence.
 pub(super) const FIRST_GAP: Duration = Duration::from_millis(100);
 /// The most: what a peer that stays silent costs (one connection per
 /// gap), and how long after it heals a connection that opened but
@@ -50,24 +57,64 @@ pub(super) struct Link {
 
 struct State {
     client: PeerClient<Channel>,
-    /// Calls in a row that got no answer.
+    /// Which connection `client` is (one more per renewal): a call
+    /// reports on the one it used.
+    number: u64,
+    /// Calls in a row on it that got no answer.
     silent: u32,
-    /// When the client was opened.
+    /// When it was opened.
     opened: Instant,
-    /// The gap before the next renewal.
+    /// When it last answered (its opening, before any answer).
+    heard: Instant,
+    /// The silence before the next renewal.
     gap: Duration,
+}
+
+/// What became of a call, as its connection's health reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Heard {
+    /// The peer answered (with its answer or an error status of its own).
+    Answer,
+    /// The deadline passed with no answer.
+    Nothing,
+    /// An error made here (the connection failed; tonic reconnects).
+    Local,
+}
+
+impl Heard {
+    /// An error status's reading: tonic's own deadline (a `Cancelled`
+    /// status whose source chain holds `TimeoutExpired` — tonic enforces
+    /// the call's `grpc-timeout` itself, most often before the caller's
+    /// timer does) is no answer; a status with no source came from the
+    /// peer; any other was made here.
+    pub(super) fn of(status: &tonic::Status) -> Heard {
+        let mut source = std::error::Error::source(status);
+        if source.is_none() {
+            return Heard::Answer;
+        }
+        while let Some(e) = source {
+            if e.is::<tonic::TimeoutExpired>() {
+                return Heard::Nothing;
+            }
+            source = e.source();
+        }
+        Heard::Local
+    }
 }
 
 impl Link {
     pub(super) fn new(endpoint: Endpoint, connector: Option<crate::net::Connector>) -> Link {
         let client = open(&endpoint, &connector);
+        let now = Instant::now();
         Link {
             endpoint,
             connector,
             state: Mutex::new(State {
                 client,
+                number: 0,
                 silent: 0,
-                opened: Instant::now(),
+                opened: now,
+                heard: now,
                 gap: FIRST_GAP,
             }),
         }
@@ -77,60 +124,49 @@ impl Link {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The client for one call (a clone: cheap, it shares the channel).
-    pub(super) fn client(&self) -> PeerClient<Channel> {
-        self.lock().client.clone()
+    /// The client for one call (a clone: cheap, it shares the channel),
+    /// and which connection it is.
+    pub(super) fn client(&self) -> (PeerClient<Channel>, u64) {
+        let s = self.lock();
+        (s.client.clone(), s.number)
     }
 
-    /// A call got its answer. The gap starts over only once the
-    /// connection answering has lasted [`LAST_GAP`]: a peer whose calls
-    /// flap between answered and silent (a starved node answering late)
-    /// is not sent a new connection every [`FIRST_GAP`].
-    pub(super) fn answered(&self) {
-        self.answered_at(Instant::now())
+    /// What became of a call on connection `number`. Whether a new
+    /// connection was opened for the calls after it.
+    pub(super) fn heard(&self, number: u64, heard: Heard) -> bool {
+        self.heard_at(number, heard, Instant::now())
     }
 
-    fn answered_at(&self, now: Instant) {
+    fn heard_at(&self, number: u64, heard: Heard, now: Instant) -> bool {
         let mut s = self.lock();
-        s.silent = 0;
-        if now.duration_since(s.opened) >= LAST_GAP {
-            s.gap = FIRST_GAP;
-        }
-    }
-
-    /// A call got no answer within its deadline. Whether a new connection
-    /// was opened for the calls after it.
-    pub(super) fn unanswered(&self) -> bool {
-        self.unanswered_at(Instant::now())
-    }
-
-    fn unanswered_at(&self, now: Instant) -> bool {
-        let mut s = self.lock();
-        s.silent = s.silent.saturating_add(1);
-        if s.silent < SILENT_CALLS || now.duration_since(s.opened) < s.gap {
+        if number != s.number {
             return false;
         }
-        s.client = open(&self.endpoint, &self.connector);
-        s.silent = 0;
-        s.opened = now;
-        s.gap = (s.gap * 2).min(LAST_GAP);
-        true
-    }
-}
-
-/// Whether a call's error is its deadline passing with no answer: tonic's
-/// client enforces the call's `grpc-timeout` itself (a `Cancelled` status
-/// whose source is `TimeoutExpired`), most often before the caller's own
-/// timer does.
-pub(super) fn timed_out(status: &tonic::Status) -> bool {
-    let mut source = std::error::Error::source(status);
-    while let Some(e) = source {
-        if e.is::<tonic::TimeoutExpired>() {
-            return true;
+        match heard {
+            Heard::Local => false,
+            Heard::Answer => {
+                s.silent = 0;
+                s.heard = now;
+                if now.duration_since(s.opened) >= LAST_GAP {
+                    s.gap = FIRST_GAP;
+                }
+                false
+            }
+            Heard::Nothing => {
+                s.silent = s.silent.saturating_add(1);
+                if s.silent < SILENT_CALLS || now.duration_since(s.heard) < s.gap {
+                    return false;
+                }
+                s.client = open(&self.endpoint, &self.connector);
+                s.number += 1;
+                s.silent = 0;
+                s.opened = now;
+                s.heard = now;
+                s.gap = (s.gap * 2).min(LAST_GAP);
+                true
+            }
         }
-        source = e.source();
     }
-    false
 }
 
 /// A lazy channel: it connects on its first call, and again after a
@@ -146,6 +182,7 @@ fn open(endpoint: &Endpoint, connector: &Option<crate::net::Connector>) -> PeerC
 #[cfg(test)]
 mod tests {
     use super::*;
+    use Heard::{Answer, Local, Nothing};
 
     /// A link and its clock: the tests move `now` by hand.
     fn link() -> (Link, Instant) {
@@ -154,81 +191,124 @@ mod tests {
         (l, now)
     }
 
-    #[tokio::test]
-    async fn silence_opens_a_new_connection_at_most_once_per_growing_gap() {
-        let (l, mut now) = link();
-        now += FIRST_GAP;
-        assert!(!l.unanswered_at(now));
-        assert!(!l.unanswered_at(now));
-        assert!(
-            l.unanswered_at(now),
-            "the third silent call in a row renews"
-        );
-        // The gap has doubled: three more silent calls at once do not.
-        for _ in 0..SILENT_CALLS {
-            assert!(!l.unanswered_at(now));
+    /// `n` silent calls on connection `number` at `now`: whether the last
+    /// renewed it (none before it may).
+    fn silent(l: &Link, number: u64, n: u32, now: Instant) -> bool {
+        for _ in 1..n {
+            assert!(!l.heard_at(number, Nothing, now));
         }
-        now += FIRST_GAP * 2;
-        assert!(
-            l.unanswered_at(now),
-            "past the doubled gap, the next silent call renews"
-        );
-        // The gap stops growing at its bound.
-        for _ in 0..10 {
-            now += LAST_GAP;
-            for _ in 0..SILENT_CALLS - 1 {
-                assert!(!l.unanswered_at(now));
-            }
-            assert!(l.unanswered_at(now));
+        l.heard_at(number, Nothing, now)
+    }
+
+    #[tokio::test]
+    async fn a_gap_of_silence_and_three_silent_calls_open_a_new_connection() {
+        let (l, mut now) = link();
+        // Three silent calls, but not a gap of silence yet.
+        now += FIRST_GAP / 2;
+        assert!(!silent(&l, 0, SILENT_CALLS, now));
+        // A gap of silence: the next silent call renews.
+        now += FIRST_GAP / 2;
+        assert!(l.heard_at(0, Nothing, now));
+        assert_eq!(l.client().1, 1);
+        // The gap doubles while nothing answers: refused short of it at
+        // each step, taken at it, up to the last gap.
+        let mut number = 1;
+        for gap in [200, 400, 800, 1_600, 2_000, 2_000] {
+            let gap = Duration::from_millis(gap);
+            now += gap - Duration::from_millis(1);
+            assert!(
+                !silent(&l, number, SILENT_CALLS, now),
+                "renewed short of {gap:?}"
+            );
+            now += Duration::from_millis(1);
+            assert!(l.heard_at(number, Nothing, now), "not renewed at {gap:?}");
+            number += 1;
         }
         assert_eq!(l.lock().gap, LAST_GAP);
     }
 
-    #[test]
-    fn tonics_own_deadline_reads_as_no_answer_and_a_peers_status_does_not() {
-        let expired = tonic::Status::from_error(Box::new(tonic::TimeoutExpired(())));
-        assert_eq!(expired.code(), tonic::Code::Cancelled);
-        assert!(timed_out(&expired));
-        assert!(!timed_out(&tonic::Status::cancelled("Timeout expired")));
-        assert!(!timed_out(&tonic::Status::unavailable(
-            "connection refused"
-        )));
+    #[tokio::test]
+    async fn a_peer_that_answers_now_and_then_keeps_its_connection() {
+        let (l, mut now) = link();
+        // Starved: two calls in three answered late, for a minute.
+        for _ in 0..600 {
+            now += FIRST_GAP;
+            assert!(!l.heard_at(0, Nothing, now));
+            assert!(!l.heard_at(0, Nothing, now));
+            assert!(!l.heard_at(0, Answer, now));
+        }
+        // An error made here says nothing either way.
+        now += FIRST_GAP;
+        assert!(!silent(&l, 0, 2, now));
+        assert!(!l.heard_at(0, Local, now));
+        assert!(!l.heard_at(0, Answer, now));
+        assert!(!silent(&l, 0, 2, now));
+        assert_eq!(l.client().1, 0);
     }
 
     #[tokio::test]
-    async fn an_answer_starts_the_count_over_and_a_lasting_connection_the_gap() {
+    async fn calls_on_a_replaced_connection_say_nothing_of_the_new_one() {
         let (l, mut now) = link();
+        now += FIRST_GAP;
+        assert!(silent(&l, 0, SILENT_CALLS, now));
+        // Calls still stuck on connection 0 time out, then one answers
+        // late: connection 1 counts none of it.
         now += LAST_GAP;
-        assert!(!l.unanswered_at(now));
-        assert!(!l.unanswered_at(now));
-        l.answered_at(now);
-        assert!(
-            !l.unanswered_at(now),
-            "the silent calls before an answer do not count"
-        );
-        assert!(!l.unanswered_at(now));
-        assert!(l.unanswered_at(now));
-        // The new connection answers at once: the gap stays doubled (a
-        // flapping peer gets no new connection every first gap)...
-        l.answered_at(now);
+        assert!(!silent(&l, 0, 10, now));
+        assert!(!l.heard_at(0, Answer, now));
+        assert_eq!(l.lock().silent, 0);
+        assert_eq!(l.lock().heard, now - LAST_GAP);
+        // Its own calls do.
+        assert!(silent(&l, 1, SILENT_CALLS, now));
+        assert_eq!(l.client().1, 2);
+    }
+
+    #[tokio::test]
+    async fn an_answer_on_a_lasting_connection_starts_the_gap_over() {
+        let (l, mut now) = link();
+        now += FIRST_GAP;
+        assert!(silent(&l, 0, SILENT_CALLS, now));
+        // Connection 1 answers at once: the gap stays doubled...
+        assert!(!l.heard_at(1, Answer, now));
         assert_eq!(l.lock().gap, FIRST_GAP * 2);
-        now += FIRST_GAP;
-        for _ in 0..SILENT_CALLS {
-            assert!(!l.unanswered_at(now));
-        }
-        now += FIRST_GAP;
-        assert!(l.unanswered_at(now));
-        // ...until a connection that answers has lasted the last gap.
+        // ...until it has lasted the last gap.
         now += LAST_GAP;
-        l.answered_at(now);
+        assert!(!l.heard_at(1, Answer, now));
         assert_eq!(l.lock().gap, FIRST_GAP);
-        now += FIRST_GAP;
-        for _ in 0..SILENT_CALLS - 1 {
-            assert!(!l.unanswered_at(now));
+    }
+
+    /// An error whose source is `inner`, as tonic's transport wraps one.
+    #[derive(Debug)]
+    struct Wrapped(Box<dyn std::error::Error + Send + Sync>);
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "transport error")
         }
-        assert!(
-            l.unanswered_at(now),
-            "after a lasting answer the first gap applies again"
+    }
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&*self.0)
+        }
+    }
+
+    #[test]
+    fn tonics_own_deadline_is_no_answer_a_peers_status_is_one_and_a_local_error_neither() {
+        let expired =
+            tonic::Status::from_error(Box::new(Wrapped(Box::new(tonic::TimeoutExpired(())))));
+        assert_eq!(expired.code(), tonic::Code::Cancelled);
+        assert_eq!(Heard::of(&expired), Nothing);
+        // Parsed from the peer's trailers: no source.
+        assert_eq!(
+            Heard::of(&tonic::Status::cancelled("Timeout expired")),
+            Answer
         );
+        assert_eq!(
+            Heard::of(&tonic::Status::resource_exhausted("full")),
+            Answer
+        );
+        let refused = tonic::Status::from_error(Box::new(Wrapped(Box::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        )))));
+        assert_eq!(Heard::of(&refused), Local);
     }
 }

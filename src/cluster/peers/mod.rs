@@ -70,6 +70,12 @@ pub struct ForwardSettings {
     pub connector: Option<crate::net::Connector>,
 }
 
+/// HTTP/2 pings on each peer connection, and how long one may go
+/// unanswered before the connection closes: a connection replaced because
+/// it stalled (`link.rs`) may never drain what it holds, and would
+/// otherwise wait for TCP to give up (about 15 minutes).
+const KEEP_ALIVE: Duration = Duration::from_secs(10);
+
 type Reply = oneshot::Sender<Result<pb::ForwardResult, ForwardError>>;
 
 struct Pending {
@@ -239,6 +245,9 @@ impl Peers {
         };
         let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))?
             .connect_timeout(settings.timeout.max(Duration::from_millis(100)))
+            .http2_keep_alive_interval(KEEP_ALIVE)
+            .keep_alive_timeout(KEEP_ALIVE)
+            .keep_alive_while_idle(true)
             .tcp_nodelay(true);
         if let Some(tls) = &settings.tls {
             endpoint = endpoint.tls_config(tls.clone())?;

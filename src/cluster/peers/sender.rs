@@ -4,6 +4,7 @@
 //! to send; this file how one call goes.
 
 use super::*;
+use link::Heard;
 
 /// A peer clock further off than this is warned about: decisions stay
 /// right (owners decide on their own clock, deadlines travel as budgets),
@@ -90,10 +91,10 @@ impl Sender {
         buried.is_some()
     }
 
-    /// A call got no answer within its deadline: count it toward a new
-    /// connection (`link.rs`).
-    fn unanswered(&self) {
-        if self.link.unanswered() {
+    /// What became of a call on connection `number`, for the link's
+    /// health (`link.rs`).
+    fn link_heard(&self, number: u64, heard: Heard) {
+        if self.link.heard(number, heard) {
             self.metrics.connections_renewed.inc();
             tracing::info!(peer = %self.node_id, "calls to a peer went unanswered: opening a new connection to it");
         }
@@ -149,19 +150,18 @@ impl Sender {
             None => {
                 let mut request = tonic::Request::new(request);
                 let seq = self.authorize(&mut request, timeout);
-                match tokio::time::timeout(timeout, rpc(self.link.client(), request)).await {
+                let (client, number) = self.link.client();
+                match tokio::time::timeout(timeout, rpc(client, request)).await {
                     Ok(Ok(r)) => {
-                        self.link.answered();
+                        self.link_heard(number, Heard::Answer);
                         Ok(r.into_inner())
                     }
                     Ok(Err(status)) => {
-                        if link::timed_out(&status) {
-                            self.unanswered();
-                        }
+                        self.link_heard(number, Heard::of(&status));
                         Err(self.failed(&status, seq))
                     }
                     Err(_) => {
-                        self.unanswered();
+                        self.link_heard(number, Heard::Nothing);
                         Err(ForwardError::Unreachable {
                             peer: self.node_id.to_string(),
                             reason: "deadline exceeded".to_string(),
@@ -251,19 +251,18 @@ impl Sender {
             peer: self.node_id.to_string(),
             reason,
         };
-        let outcome = tokio::time::timeout(timeout, self.link.client().forward(request)).await;
+        let (mut client, number) = self.link.client();
+        let outcome = tokio::time::timeout(timeout, client.forward(request)).await;
         self.metrics.forwarded(n, started.elapsed());
         self.figures.forwarded(started.elapsed());
         let response = match outcome {
             Err(_) => {
-                self.unanswered();
+                self.link_heard(number, Heard::Nothing);
                 self.metrics.forward_error(&self.node_id, "timeout");
                 return Err(unreachable("deadline exceeded".into()));
             }
             Ok(Err(status)) => {
-                if link::timed_out(&status) {
-                    self.unanswered();
-                }
+                self.link_heard(number, Heard::of(&status));
                 self.metrics.forward_error(&self.node_id, "rpc");
                 let expired = self.expired(&status, seq);
                 if self.heard(&status) || expired {
@@ -280,7 +279,7 @@ impl Sender {
                 )));
             }
             Ok(Ok(r)) => {
-                self.link.answered();
+                self.link_heard(number, Heard::Answer);
                 r.into_inner()
             }
         };
