@@ -212,8 +212,7 @@ mod tests {
         assert_eq!(l.client().1, 1);
         // The gap doubles while nothing answers: refused short of it at
         // each step, taken at it, up to the last gap.
-        let mut number = 1;
-        for gap in [200, 400, 800, 1_600, 2_000, 2_000] {
+        for (number, gap) in (1..).zip([200, 400, 800, 1_600, 2_000, 2_000]) {
             let gap = Duration::from_millis(gap);
             now += gap - Duration::from_millis(1);
             assert!(
@@ -222,7 +221,6 @@ mod tests {
             );
             now += Duration::from_millis(1);
             assert!(l.heard_at(number, Nothing, now), "not renewed at {gap:?}");
-            number += 1;
         }
         assert_eq!(l.lock().gap, LAST_GAP);
     }
