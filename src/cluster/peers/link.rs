@@ -14,10 +14,13 @@
 //! So a connection on which [`SILENT_CALLS`] calls in a row got no
 //! answer at all, and nothing answered for a whole gap, is replaced by a
 //! new one for the calls after them. The gap doubles from [`FIRST_GAP`]
-//! to [`LAST_GAP`] while nothing answers (a peer that is paused, not cut
-//! off, accepts connections it never serves: they are not opened for it
-//! ten times a second), and starts over once a connection has lasted the
-//! last gap and answers. A peer that answers some calls and not others
+//! (or the connect timeout, if longer: a connection still opening is not
+//! replaced) to [`LAST_GAP`] while nothing answers — a peer that is
+//! paused, not cut off, accepts connections it never serves, and a
+//! thousand nodes must not open them for it ten times a second — and
+//! starts over once a connection has lasted [`LASTING`] and answers. A
+//! node opens at most one such connection per [`SPACING`], all peers
+//! together (its own runtime stalled, every peer looks silent at once). A peer that answers some calls and not others
 //! (starved, answering late) never goes a gap without an answer: its
 //! connection stays. Whatever the peer sent — an answer or an error
 //! status of its own — is an answer; an error tonic made here is
@@ -27,7 +30,7 @@
 //! its deadline); then it closes — HTTP/2 pings close one that never
 //! drains (`KEEP_ALIVE`, in `mod.rs`).
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -42,14 +45,44 @@ pub(super) const SILENT_CALLS: u32 = 3;
 /// replaced, and between two connections opened for silence.
 pub(super) const FIRST_GAP: Duration = Duration::from_millis(100);
 /// The most: what a peer that stays silent costs (one connection per
-/// gap), and how long after it heals a connection that opened but
-/// stalled in the meantime may still wait.
-pub(super) const LAST_GAP: Duration = Duration::from_secs(2);
+/// gap from each node), and how long after it heals a connection that
+/// opened but stalled in the meantime may still wait (TCP itself resends
+/// by then).
+pub(super) const LAST_GAP: Duration = Duration::from_secs(10);
+/// A connection that has lasted this long and answers starts the gap
+/// over.
+pub(super) const LASTING: Duration = Duration::from_secs(2);
+/// The least time between two connections a node opens for silence, to
+/// any peers.
+pub(super) const SPACING: Duration = Duration::from_millis(50);
+
+/// When this node last opened a connection for silence (any peer's):
+/// shared by every peer's link.
+#[derive(Default)]
+pub(super) struct Renewals {
+    /// A std Mutex: taken after a link's own, never across an await.
+    last: Mutex<Option<Instant>>,
+}
+
+impl Renewals {
+    /// Whether a renewal may go now (and it is counted).
+    fn take(&self, now: Instant) -> bool {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|t| now.duration_since(t) < SPACING) {
+            return false;
+        }
+        *last = Some(now);
+        true
+    }
+}
 
 /// A peer's client, renewed when it stalls; shared by the peer's calls.
 pub(super) struct Link {
     endpoint: Endpoint,
     connector: Option<crate::net::Connector>,
+    /// The first gap: [`FIRST_GAP`], or the connect timeout if longer.
+    first: Duration,
+    renewals: Arc<Renewals>,
     /// A std Mutex: taken to clone or swap the client and count, never
     /// across an await.
     state: Mutex<State>,
@@ -103,19 +136,27 @@ impl Heard {
 }
 
 impl Link {
-    pub(super) fn new(endpoint: Endpoint, connector: Option<crate::net::Connector>) -> Link {
+    pub(super) fn new(
+        endpoint: Endpoint,
+        connector: Option<crate::net::Connector>,
+        connect_timeout: Duration,
+        renewals: Arc<Renewals>,
+    ) -> Link {
         let client = open(&endpoint, &connector);
         let now = Instant::now();
+        let first = FIRST_GAP.max(connect_timeout);
         Link {
             endpoint,
             connector,
+            first,
+            renewals,
             state: Mutex::new(State {
                 client,
                 number: 0,
                 silent: 0,
                 opened: now,
                 heard: now,
-                gap: FIRST_GAP,
+                gap: first,
             }),
         }
     }
@@ -147,14 +188,17 @@ impl Link {
             Heard::Answer => {
                 s.silent = 0;
                 s.heard = now;
-                if now.duration_since(s.opened) >= LAST_GAP {
-                    s.gap = FIRST_GAP;
+                if now.duration_since(s.opened) >= LASTING {
+                    s.gap = self.first;
                 }
                 false
             }
             Heard::Nothing => {
                 s.silent = s.silent.saturating_add(1);
-                if s.silent < SILENT_CALLS || now.duration_since(s.heard) < s.gap {
+                if s.silent < SILENT_CALLS
+                    || now.duration_since(s.heard) < s.gap
+                    || !self.renewals.take(now)
+                {
                     return false;
                 }
                 s.client = open(&self.endpoint, &self.connector);
@@ -186,7 +230,12 @@ mod tests {
 
     /// A link and its clock: the tests move `now` by hand.
     fn link() -> (Link, Instant) {
-        let l = Link::new(Endpoint::from_static("http://127.0.0.1:1"), None);
+        link_with(Arc::default())
+    }
+
+    fn link_with(renewals: Arc<Renewals>) -> (Link, Instant) {
+        let endpoint = Endpoint::from_static("http://127.0.0.1:1");
+        let l = Link::new(endpoint, None, Duration::from_millis(10), renewals);
         let now = l.lock().opened;
         (l, now)
     }
@@ -212,7 +261,8 @@ mod tests {
         assert_eq!(l.client().1, 1);
         // The gap doubles while nothing answers: refused short of it at
         // each step, taken at it, up to the last gap.
-        for (number, gap) in (1..).zip([200, 400, 800, 1_600, 2_000, 2_000]) {
+        let gaps = [200, 400, 800, 1_600, 3_200, 6_400, 10_000, 10_000];
+        for (number, gap) in (1..).zip(gaps) {
             let gap = Duration::from_millis(gap);
             now += gap - Duration::from_millis(1);
             assert!(
@@ -251,11 +301,11 @@ mod tests {
         assert!(silent(&l, 0, SILENT_CALLS, now));
         // Calls still stuck on connection 0 time out, then one answers
         // late: connection 1 counts none of it.
-        now += LAST_GAP;
+        now += LASTING;
         assert!(!silent(&l, 0, 10, now));
         assert!(!l.heard_at(0, Answer, now));
         assert_eq!(l.lock().silent, 0);
-        assert_eq!(l.lock().heard, now - LAST_GAP);
+        assert_eq!(l.lock().heard, now - LASTING);
         // Its own calls do.
         assert!(silent(&l, 1, SILENT_CALLS, now));
         assert_eq!(l.client().1, 2);
@@ -269,10 +319,38 @@ mod tests {
         // Connection 1 answers at once: the gap stays doubled...
         assert!(!l.heard_at(1, Answer, now));
         assert_eq!(l.lock().gap, FIRST_GAP * 2);
-        // ...until it has lasted the last gap.
-        now += LAST_GAP;
+        // ...until it has lasted long enough.
+        now += LASTING;
         assert!(!l.heard_at(1, Answer, now));
         assert_eq!(l.lock().gap, FIRST_GAP);
+    }
+
+    #[tokio::test]
+    async fn the_first_gap_covers_the_connect_timeout() {
+        let endpoint = Endpoint::from_static("http://127.0.0.1:1");
+        let l = Link::new(endpoint, None, Duration::from_millis(300), Arc::default());
+        let mut now = l.lock().opened;
+        now += Duration::from_millis(299);
+        assert!(
+            !silent(&l, 0, SILENT_CALLS, now),
+            "a connection still opening"
+        );
+        now += Duration::from_millis(1);
+        assert!(l.heard_at(0, Nothing, now));
+        assert_eq!(l.lock().gap, Duration::from_millis(600));
+    }
+
+    #[tokio::test]
+    async fn a_node_opens_one_connection_for_silence_per_spacing_over_all_peers() {
+        let renewals = Arc::new(Renewals::default());
+        let (a, mut now) = link_with(renewals.clone());
+        let (b, _) = link_with(renewals);
+        now += FIRST_GAP;
+        assert!(silent(&a, 0, SILENT_CALLS, now));
+        // Due too, but within the spacing of a's renewal.
+        assert!(!silent(&b, 0, SILENT_CALLS, now));
+        now += SPACING;
+        assert!(b.heard_at(0, Nothing, now));
     }
 
     /// An error whose source is `inner`, as tonic's transport wraps one.

@@ -152,6 +152,8 @@ struct PeersInner {
     /// A std Mutex: held to look up or swap a client, never across an await.
     peers: Mutex<HashMap<Arc<str>, Arc<Peer>>>,
     presence: Arc<OnceLock<Arc<Presence>>>,
+    /// Connections opened for silence, all peers together (`link.rs`).
+    renewals: Arc<link::Renewals>,
 }
 
 impl Peers {
@@ -172,6 +174,7 @@ impl Peers {
                 faults,
                 peers: Mutex::new(HashMap::new()),
                 presence: Arc::new(OnceLock::new()),
+                renewals: Arc::default(),
             }),
         }
     }
@@ -243,8 +246,9 @@ impl Peers {
         } else {
             "http"
         };
+        let connect_timeout = settings.timeout.max(Duration::from_millis(100));
         let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))?
-            .connect_timeout(settings.timeout.max(Duration::from_millis(100)))
+            .connect_timeout(connect_timeout)
             .http2_keep_alive_interval(KEEP_ALIVE)
             .keep_alive_timeout(KEEP_ALIVE)
             .keep_alive_while_idle(true)
@@ -252,7 +256,12 @@ impl Peers {
         if let Some(tls) = &settings.tls {
             endpoint = endpoint.tls_config(tls.clone())?;
         }
-        let link = Arc::new(link::Link::new(endpoint, settings.connector.clone()));
+        let link = Arc::new(link::Link::new(
+            endpoint,
+            settings.connector.clone(),
+            connect_timeout,
+            self.inner.renewals.clone(),
+        ));
         let (queue, rx) = mpsc::channel(settings.queue.max(1));
         let stop = CancellationToken::new();
         let sender = Sender {
