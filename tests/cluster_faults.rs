@@ -257,6 +257,75 @@ async fn an_open_breaker_sends_nothing_until_its_probe() {
     .await;
 }
 
+/// Replication is background work: it goes on past the holder's open
+/// breaker, or a cut that ends while the breaker cools down would hold
+/// every replica back for the cooldown — and an owner lost then would take
+/// those admissions with it (issue 39's lossy-link lag; the simulator's
+/// `lossy-link-then-owner-crash.json` drifted and no longer shows it).
+#[tokio::test(flavor = "multi_thread")]
+async fn replication_goes_on_past_an_open_breaker() {
+    // A cooldown far past the test: no probe closes the breaker meanwhile.
+    let nodes = cluster(3, |c| {
+        fast(c);
+        c.cluster.breaker_cooldown = Duration::from_secs(120);
+    })
+    .await;
+    let ring = nodes[0].node.limiter.ring();
+    let is =
+        |m: Option<&sluice::cluster::ring::Member>, id: &str| m.is_some_and(|m| &*m.node_id == id);
+    let of = |owner: &str, holder: &str| {
+        (0..)
+            .map(|i| format!("key-{i}"))
+            .find(|k| {
+                let at = key::encode("fault", k);
+                is(ring.owner(&at), owner) && is(ring.successor(&at), holder)
+            })
+            .unwrap()
+    };
+    // k: node-0 decides it, node-1 holds its replica; through node-0 the
+    // breaker for node-1 opens on node-1's own keys.
+    let (k, theirs) = (of("node-0", "node-1"), of("node-1", "node-2"));
+    let with = |key: &str| {
+        let mut r = request();
+        r.unique_key = key.to_string();
+        r
+    };
+    let remaining = |n: &TestNode| n.node.limiter.inspect("fault", &k).map(|v| v.remaining);
+    nodes[0].check(with(&k)).await;
+    eventually("node-1's first copy", Duration::from_secs(5), || async {
+        remaining(&nodes[1]).is_some() && remaining(&nodes[1]) == remaining(&nodes[0])
+    })
+    .await;
+    nodes[0].node.faults.cut_grpc("node-1");
+    for _ in 0..3 {
+        nodes[0].check(with(&theirs)).await;
+    }
+    let breaker = || async {
+        metric(
+            &nodes[0].http_get("/metrics").await.1,
+            "sluice_breaker_state{peer=\"node-1\"}",
+        )
+    };
+    assert_eq!(breaker().await, 2.0, "open");
+    nodes[0].node.faults.heal();
+    // Exact at the owner while the breaker stays open...
+    for _ in 0..5 {
+        let a = nodes[0].check(with(&k)).await;
+        assert!(!a.approximate && a.owner == "node-0", "{a:?}");
+    }
+    // ...and the holder's copy catches up long before the cooldown ends.
+    eventually(
+        "node-1's copy past the open breaker",
+        Duration::from_secs(10),
+        || async { remaining(&nodes[1]) == remaining(&nodes[0]) },
+    )
+    .await;
+    assert_eq!(remaining(&nodes[0]), Some((LIMIT - 6) as u64));
+    // No probe went (the cooldown is two minutes): the push that went
+    // past the breaker closed it.
+    assert_eq!(breaker().await, 0.0, "closed by the replication push");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn non_transitive_partition_over_admits_at_most_one_nth() {
     let nodes = cluster(3, fast).await;
