@@ -271,16 +271,9 @@ async fn replication_goes_on_past_an_open_breaker() {
     })
     .await;
     let ring = nodes[0].node.limiter.ring();
-    let is =
-        |m: Option<&sluice::cluster::ring::Member>, id: &str| m.is_some_and(|m| &*m.node_id == id);
     let of = |owner: &str, holder: &str| {
-        (0..)
-            .map(|i| format!("key-{i}"))
-            .find(|k| {
-                let at = key::encode("fault", k);
-                is(ring.owner(&at), owner) && is(ring.successor(&at), holder)
-            })
-            .unwrap()
+        common::together::keys_named(&ring, "fault", "key", 1, |o, h| o == owner && h == holder)
+            .remove(0)
     };
     // k: node-0 decides it, node-1 holds its replica; through node-0 the
     // breaker for node-1 opens on node-1's own keys.

@@ -142,10 +142,21 @@ pub fn keys_where(
     per: usize,
     is: impl Fn(&str, &str) -> bool,
 ) -> Vec<String> {
+    keys_named(ring, NAME, prefix, per, is)
+}
+
+/// The same for keys of the limit `name`.
+pub fn keys_named(
+    ring: &Ring,
+    name: &str,
+    prefix: &str,
+    per: usize,
+    is: impl Fn(&str, &str) -> bool,
+) -> Vec<String> {
     (0..)
         .map(|i| format!("{prefix}-{i}"))
         .filter(|k| {
-            let at = key::encode(NAME, k);
+            let at = key::encode(name, k);
             is(
                 &ring.owner(&at).unwrap().node_id,
                 &ring.successor(&at).unwrap().node_id,
