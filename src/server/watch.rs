@@ -26,7 +26,26 @@ use crate::limiter::Limiter;
 use crate::policy::Policies;
 use crate::policy::rules::{self, Rules, RulesError};
 
-/// Watch `dir`; only events about a path `relevant` accepts count.
+/// Whether `event` may have changed what a path `relevant` accepts names:
+/// an access (an open, a read, a close after reading) changes nothing; a
+/// close after writing does (a writer's last word).
+/// Reloading reads the files, and inotify reports opens: counted, every
+/// reload caused the next — ten a second, and where nodes share a rules
+/// directory (sidecars on one host path, `benches/fleet_stress.py`) each
+/// node's reload woke every other's, 40 nodes spending most of two cores
+/// on it.
+fn may_change(event: &notify::Event, relevant: impl Fn(&Path) -> bool) -> bool {
+    use notify::event::{AccessKind, AccessMode};
+    let read_only = match event.kind {
+        notify::EventKind::Access(AccessKind::Close(AccessMode::Write)) => false,
+        notify::EventKind::Access(_) => true,
+        _ => false,
+    };
+    !read_only && event.paths.iter().any(|p| relevant(p))
+}
+
+/// Watch `dir`; only events that may change a path `relevant` accepts
+/// count.
 fn watch_dir(
     dir: &Path,
     relevant: impl Fn(&Path) -> bool + Send + 'static,
@@ -34,7 +53,7 @@ fn watch_dir(
     let (tx, rx) = mpsc::channel::<()>(16);
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         let Ok(event) = event else { return };
-        if event.paths.iter().any(|p| relevant(p)) {
+        if may_change(&event, &relevant) {
             // A full channel already holds a pending reload.
             let _ = tx.try_send(());
         }
@@ -221,4 +240,46 @@ pub fn rules(
         }
         std::future::ready(())
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use notify::event::{
+        AccessKind, AccessMode, CreateKind, DataChange, EventKind, ModifyKind, RemoveKind,
+        RenameMode,
+    };
+
+    fn event(kind: EventKind, path: &str) -> notify::Event {
+        notify::Event::new(kind).add_path(PathBuf::from(path))
+    }
+
+    fn rules_yaml(p: &Path) -> bool {
+        p.file_name().is_some_and(|n| n == "rules.yaml")
+    }
+
+    #[test]
+    fn reading_a_file_is_no_change() {
+        for kind in [
+            EventKind::Access(AccessKind::Open(AccessMode::Any)),
+            EventKind::Access(AccessKind::Read),
+            EventKind::Access(AccessKind::Close(AccessMode::Read)),
+        ] {
+            assert!(!may_change(&event(kind, "/r/rules.yaml"), rules_yaml), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn writing_creating_renaming_or_removing_a_relevant_file_is() {
+        for kind in [
+            EventKind::Access(AccessKind::Close(AccessMode::Write)),
+            EventKind::Modify(ModifyKind::Data(DataChange::Any)),
+            EventKind::Modify(ModifyKind::Name(RenameMode::To)),
+            EventKind::Create(CreateKind::File),
+            EventKind::Remove(RemoveKind::File),
+        ] {
+            assert!(may_change(&event(kind, "/r/rules.yaml"), rules_yaml), "{kind:?}");
+            assert!(!may_change(&event(kind, "/r/other.log"), rules_yaml), "{kind:?}");
+        }
+    }
 }
