@@ -49,6 +49,10 @@ pub struct MemberStatus {
     pub state: &'static str,
     pub generation: u64,
     pub in_ring: bool,
+    /// This node's failure detector declares the member dead and no
+    /// majority has buried it yet: it keeps its place in the ring, and
+    /// this node votes for its burial.
+    pub suspected: bool,
     /// Its zone (`cluster.zone`), if it names one.
     pub zone: Option<String>,
     /// Percent of the hash space this member owns.
@@ -147,6 +151,7 @@ impl Limiter {
                 state: m.state.name(),
                 generation: m.generation,
                 in_ring: view.ring.member(&m.node_id).is_some(),
+                suspected: m.suspected,
                 zone: (!m.zone.is_empty()).then(|| m.zone.to_string()),
                 ring_share_pct: shares.get(&m.node_id).copied().unwrap_or(0.0) * 100.0,
                 protocol: m.protocol,
