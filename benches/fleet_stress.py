@@ -28,15 +28,16 @@ node is stopped, so a drop shorter than a sweep can go unseen.
 Overall deadline: --seconds + 120 s after start, every child is killed and
 the run fails (exit 1, logs kept), with or without --check.
 
---stall S[,S...] (repeatable): once the fleet first forms one ring of N,
-SIGSTOP a node other than the seeds for S seconds, SIGCONT it, and sample
+--stall S[,S...] (repeatable): once the fleet first settles (one ring of N,
+every node ready: before that no majority of ready members can vote a
+burial, so a long stall would go unburied by design), SIGSTOP a node other than the seeds for S seconds, SIGCONT it, and sample
 every node's /status every 0.25 s until the fleet has been one ring of N for
 3 s (deadline 20 s after SIGCONT); 5 s between stalls. Per stall: the node's
 generation before and after, whether it rejoined (and why), how many peers'
 views left it out (buried) / out of the ring / at another generation / with
-an open breaker, time to one ring of N again, and its own log lines about
-being away, fenced, suspected or rejoining. (Suspicion is not in /status;
-the stalled node's "suspected by nearly a majority" line is its trace.)
+an open breaker / suspecting it (their failure detectors declared it dead;
+a burial needs a majority), time to one ring of N again, and its own log
+lines about being away, fenced, suspected or rejoining.
 
 Every child (nodes, busy loops, strace) runs in its own process group and is
 killed at exit, on an exception, on Ctrl-C / SIGTERM / SIGHUP, at the
@@ -481,10 +482,9 @@ def scan_logs(fleet):
 # --stall: what a stopped node's peers and its own log say. /status shows,
 # per member: whether it is listed at all (a buried generation is left out
 # of every view; so is a suspected member that was not ready), in_ring, its
-# generation and this node's breaker for it. Suspicion itself (a member
-# chitchat's failure detector declares dead, kept in the ring until a
-# majority buries it) is not in /status: the stalled node's own
-# "suspected by nearly a majority" line (with by=) is the only trace.
+# generation, this node's breaker for it, and whether this node suspects it
+# (chitchat's failure detector declares it dead; it keeps its place in the
+# ring until a majority buries it).
 STALL_LOG = ("away", "fenced", "cut off", "back from away", "rejoin", "suspected by",
              "no majority heard", "declared dead", "majority of the cluster lost")
 
@@ -558,7 +558,8 @@ def stall_one(fleet, pool, target, seconds, heal_deadline=20.0, hold=3.0, step=0
         offset = os.path.getsize(target["log"])
     except OSError:
         offset = 0
-    seen = {k: {} for k in ("missing", "out_of_ring", "other_generation", "breaker_open")}
+    seen = {k: {} for k in ("missing", "out_of_ring", "other_generation", "breaker_open",
+                            "suspecting")}
     times = {}
 
     def stopper():
@@ -606,6 +607,8 @@ def stall_one(fleet, pool, target, seconds, heal_deadline=20.0, hold=3.0, step=0
                     marks.append("other_generation")
                 if m.get("breaker") in ("open", "half-open"):
                     marks.append("breaker_open")
+                if m.get("suspected"):
+                    marks.append("suspecting")
             for k in marks:
                 seen[k].setdefault(nd["id"], at)
         whole = rings_ok and not stopped and len(res) == n
@@ -643,6 +646,11 @@ def stall_one(fleet, pool, target, seconds, heal_deadline=20.0, hold=3.0, step=0
         "peers_out_of_ring": len(seen["out_of_ring"]),
         "peers_other_generation": len(seen["other_generation"]),
         "peers_breaker_open": len(seen["breaker_open"]),
+        # Peers whose failure detector declared it dead (a burial needs a
+        # majority of them), and when the first and the median one did.
+        "peers_suspecting": len(seen["suspecting"]),
+        "suspected_at_s": sorted(seen["suspecting"].values())[:1] + sorted(
+            seen["suspecting"].values())[len(seen["suspecting"]) // 2:][:1],
         "first_missing_at_s": min(seen["missing"].values(), default=None),
         "others_one_ring_while_stopped": others_one_ring_during,
         "one_ring_of_n_broken_at_s": broke_at,
@@ -686,7 +694,8 @@ def run(args, workdir):
         fleet.start_nodes(args.nodes, rng)
         n = args.nodes
         formed_at, ready_all_at, splits_after = None, None, 0
-        stalls = None  # --stall: run once, right after formation
+        stalls = None  # --stall: run once, when the fleet first settles
+        stalls_at = None
         first_ready_at = None
         first_gen = {}  # node id -> the first generation it reported for itself
         end = fleet.started + args.seconds
@@ -720,7 +729,12 @@ def run(args, workdir):
                 # Finer until the fleet first forms (the formation time's
                 # resolution), then every --interval.
                 step = args.interval if formed_at is not None else min(args.interval, 0.5)
-                if formed_at is not None and args.stall and stalls is None:
+                # Stalls once the fleet has settled: one ring of N, every
+                # node ready. Before that no majority of ready members can
+                # vote a burial — no one could take a stalled node's keys
+                # either — so a long stall goes unburied by design.
+                if ok and ready == n and args.stall and stalls is None:
+                    stalls_at = at
                     stalls = run_stalls(fleet, args.stall, random.Random(args.seed + 1))
                     continue
                 time.sleep(max(0.0, min(step - (time.time() - t0), end - time.time())))
@@ -789,7 +803,9 @@ def run(args, workdir):
             "rejoins_of_unstalled_nodes": sum(
                 v for k, v in logs["per_node_rejoins"].items() if k not in stalled),
             "stalls": (stalls if stalls is not None
-                       else ("never formed: none run" if args.stall else None)),
+                       else ("never settled (one ring of N, all ready): none run"
+                             if args.stall else None)),
+            "stalls_started_s": stalls_at,
             "rejoin_reasons": logs["rejoin_reasons"],
             "nodes_rejoined": logs["nodes_rejoined"],
             "max_rejoins_one_node": logs["max_rejoins_one_node"],
