@@ -265,7 +265,10 @@ mod tests {
             EventKind::Access(AccessKind::Read),
             EventKind::Access(AccessKind::Close(AccessMode::Read)),
         ] {
-            assert!(!may_change(&event(kind, "/r/rules.yaml"), rules_yaml), "{kind:?}");
+            assert!(
+                !may_change(&event(kind, "/r/rules.yaml"), rules_yaml),
+                "{kind:?}"
+            );
         }
     }
 
@@ -278,8 +281,14 @@ mod tests {
             EventKind::Create(CreateKind::File),
             EventKind::Remove(RemoveKind::File),
         ] {
-            assert!(may_change(&event(kind, "/r/rules.yaml"), rules_yaml), "{kind:?}");
-            assert!(!may_change(&event(kind, "/r/other.log"), rules_yaml), "{kind:?}");
+            assert!(
+                may_change(&event(kind, "/r/rules.yaml"), rules_yaml),
+                "{kind:?}"
+            );
+            assert!(
+                !may_change(&event(kind, "/r/other.log"), rules_yaml),
+                "{kind:?}"
+            );
         }
     }
 }
