@@ -56,7 +56,15 @@ impl DatagramSocket for RecordingSocket {
     }
 }
 
-async fn port(largest: &Arc<AtomicUsize>) -> (AuthTransport, SocketAddr) {
+pub(super) async fn port(largest: &Arc<AtomicUsize>) -> (AuthTransport, SocketAddr) {
+    port_with(largest, Arc::new(Faults::default())).await
+}
+
+/// A port whose links `faults` may cut.
+pub(super) async fn port_with(
+    largest: &Arc<AtomicUsize>,
+    faults: Arc<Faults>,
+) -> (AuthTransport, SocketAddr) {
     let inner = Os.datagrams("127.0.0.1:0".parse().unwrap()).await.unwrap();
     let addr = inner.local_addr().unwrap();
     let recording = Arc::new(Recording {
@@ -64,13 +72,15 @@ async fn port(largest: &Arc<AtomicUsize>) -> (AuthTransport, SocketAddr) {
         largest: largest.clone(),
     });
     let secret = Secret::new(Some(b"budget"));
-    (
-        AuthTransport::new(recording, secret, Arc::new(Faults::default())),
-        addr,
-    )
+    (AuthTransport::new(recording, secret, faults), addr)
 }
 
-fn config(node: &str, generation: u64, addr: SocketAddr, seeds: &[SocketAddr]) -> ChitchatConfig {
+pub(super) fn config(
+    node: &str,
+    generation: u64,
+    addr: SocketAddr,
+    seeds: &[SocketAddr],
+) -> ChitchatConfig {
     let interval = Duration::from_millis(50);
     ChitchatConfig {
         chitchat_id: ChitchatId::new(node, generation, addr),
@@ -90,7 +100,7 @@ fn config(node: &str, generation: u64, addr: SocketAddr, seeds: &[SocketAddr]) -
     }
 }
 
-async fn spawn(
+pub(super) async fn spawn(
     config: ChitchatConfig,
     kvs: Vec<(String, String)>,
     t: &dyn Transport,
@@ -99,11 +109,11 @@ async fn spawn(
 }
 
 /// Awaits `cond` on `handle`'s state, every 20 ms, up to `secs`.
-async fn until(
+pub(super) async fn until(
     handle: &ChitchatHandle,
     secs: u64,
     what: &str,
-    cond: impl Fn(&chitchat::Chitchat) -> bool,
+    mut cond: impl FnMut(&chitchat::Chitchat) -> bool,
 ) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
     loop {

@@ -17,6 +17,8 @@ mod generations;
 mod gossip;
 mod hearing;
 mod join;
+#[cfg(test)]
+mod own_stall_tests;
 pub mod presence;
 mod prune;
 pub mod view;

@@ -53,6 +53,17 @@ impl FailureDetector {
             .report_heartbeat();
     }
 
+    /// Sluice patch: this node was stopped for `stall`: every peer's last
+    /// heartbeat moves on by it (never past `now`), as if it had been
+    /// heard when this node stopped listening.
+    pub(crate) fn excuse(&mut self, stall: Duration, now: Instant) {
+        for window in self.node_samples.values_mut() {
+            if let Some(last) = window.last_heartbeat {
+                window.last_heartbeat = Some((last + stall).min(now));
+            }
+        }
+    }
+
     /// Marks the node as dead or alive based on the current phi value.
     pub fn update_node_liveness(&mut self, chitchat_id: &ChitchatId) {
         let phi_opt = self.phi(chitchat_id);

@@ -26,6 +26,7 @@ pub use failure_detector::FailureDetectorConfig;
 pub use listener::ListenerHandle;
 pub use serialize::{Deserializable, Serializable};
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_stream::wrappers::WatchStream;
 use tracing::{error, info, warn};
 
@@ -93,6 +94,10 @@ pub struct Chitchat {
     /// Sluice patch: the highest heartbeat of this node any digest it
     /// received carried — how far its peers have heard it.
     pub(crate) self_heartbeat_heard: Heartbeat,
+    /// Sluice patch: when this node last handled a message or a round —
+    /// a longer gap than two rounds is this node's own stall (see
+    /// [`Chitchat::excuse_own_stall`]).
+    last_active: Option<Instant>,
 }
 
 impl Chitchat {
@@ -112,6 +117,7 @@ impl Chitchat {
             live_nodes_watcher_tx,
             live_nodes_watcher_rx,
             self_heartbeat_heard: Heartbeat(0),
+            last_active: None,
         };
 
         let self_node_state = chitchat.self_node_state();
@@ -165,7 +171,30 @@ impl Chitchat {
         }
     }
 
+    /// Sluice patch: silence this node did not listen to is not a peer's
+    /// silence. Gossip runs at least every round; a longer gap since this
+    /// node last handled a message or a round means its own loop was
+    /// stopped or starved of CPU. Every peer's last heartbeat moves on by
+    /// the gap less one round, so the stall neither makes peers look dead
+    /// here (under load every node would suspect every other, and a fleet
+    /// where each node sees most peers suspected is a minority
+    /// everywhere) nor enters the intervals the detector learns (which
+    /// would slow the detection of a real death). A peer that did die
+    /// meanwhile is found as late as this node's stall, by a node whose
+    /// word is fenced meanwhile anyway (Sluice's `gossip.rs`).
+    fn excuse_own_stall(&mut self) {
+        let now = Instant::now();
+        let round = self.config.gossip_interval;
+        if let Some(last) = self.last_active.replace(now) {
+            let gap = now.saturating_duration_since(last);
+            if gap > round * 2 {
+                self.failure_detector.excuse(gap - round, now);
+            }
+        }
+    }
+
     pub(crate) fn process_message(&mut self, msg: ChitchatMessage) -> Option<ChitchatMessage> {
+        self.excuse_own_stall();
         self.update_self_heartbeat();
 
         match msg {
@@ -256,6 +285,7 @@ impl Chitchat {
     /// Marks the node as dead or alive depending on the new phi values and updates the live nodes
     /// watcher accordingly.
     pub(crate) fn update_nodes_liveness(&mut self) {
+        self.excuse_own_stall();
         for chitchat_id in self.cluster_state.nodes() {
             if chitchat_id != self.self_chitchat_id() {
                 self.failure_detector.update_node_liveness(chitchat_id);
