@@ -86,6 +86,7 @@ impl Settings {
                 phi_threshold: self.phi_threshold,
                 initial_interval: self.gossip_interval,
                 dead_node_grace_period: self.dead_grace,
+                excuse_after: Some(excuse_after(self.gossip_interval, self.phi_threshold)),
                 ..FailureDetectorConfig::default()
             },
             marked_for_deletion_grace_period: Duration::from_secs(3_600),
@@ -93,6 +94,20 @@ impl Settings {
             extra_liveness_predicate: None,
         }
     }
+}
+
+/// The shortest stall of its own a node excuses its peers' silence for
+/// (chitchat patch 7): `away_after` and two rounds. Chitchat and this
+/// node's presence stamps run on the same thread, so a stall chitchat sees
+/// as this long (its last activity at most a round before the stall
+/// began) is one the stamps see as past `away_after`: the node is fenced,
+/// votes no burial, and owns nothing until it has heard a majority again
+/// — its detector's slower word about the time it was away counts for
+/// nothing meanwhile. Shorter stalls are not excused (the node is not
+/// sure to be fenced for them): at the defaults, under 800 ms, about what
+/// failure detection takes at its fastest.
+pub fn excuse_after(gossip_interval: Duration, phi_threshold: f64) -> Duration {
+    super::away_after(gossip_interval, phi_threshold) + gossip_interval * 2
 }
 
 /// The gossip thread's work.

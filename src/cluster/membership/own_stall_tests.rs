@@ -12,14 +12,17 @@ use chitchat::ChitchatConfig;
 use super::budget_tests::{config, port, port_with, spawn, until};
 use crate::cluster::faults::Faults;
 
-/// A round of 100 ms and a phi threshold of 20: a silent peer is taken
-/// for dead one to two seconds in, far from this test's own scheduling on
-/// a loaded machine.
+/// A round of 100 ms and a phi threshold of 40: a silent peer is taken
+/// for dead two to four seconds in, far from this test's own scheduling
+/// on a loaded machine; stalls of a second or more excused, as Sluice
+/// sets them (`gossip::excuse_after`).
 fn patient(mut c: ChitchatConfig) -> ChitchatConfig {
     let round = Duration::from_millis(100);
+    let phi = 40.0;
     c.gossip_interval = round;
     c.failure_detector_config.initial_interval = round;
-    c.failure_detector_config.phi_threshold = 20.0;
+    c.failure_detector_config.phi_threshold = phi;
+    c.failure_detector_config.excuse_after = Some(super::gossip::excuse_after(round, phi));
     c
 }
 
@@ -51,8 +54,8 @@ async fn a_node_back_from_its_own_stall_suspects_no_peer() {
     // a's gossip loop stalls for 5 s (it waits for the state this test
     // holds), and what b sends meanwhile is lost (a starved node's
     // receive buffer overflows): when a runs again no word of b waits
-    // for it. Upstream its first round found b silent for 5 s — phi ≈ 100
-    // — and held it dead.
+    // for it. Upstream its first round found b silent for 5 s — phi well
+    // past 40 — and held it dead.
     faults.cut_gossip(b_addr);
     let before = {
         let state = a.chitchat();
@@ -74,8 +77,14 @@ async fn a_node_back_from_its_own_stall_suspects_no_peer() {
     })
     .await;
     let live = a.chitchat().lock().await.live_nodes().any(|n| *n == b_id);
-    faults.heal();
     assert!(live, "a took b for dead after a stall of its own");
+    // Excused, not forgotten: b, still silent, is found dead as a peer
+    // silent while a listens is.
+    until(&a, 10, "a holds b dead, silent after the stall", |cc| {
+        cc.dead_nodes().any(|n| *n == b_id)
+    })
+    .await;
+    faults.heal();
     let _ = a.shutdown().await;
     let _ = b.shutdown().await;
 }

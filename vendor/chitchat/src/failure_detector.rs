@@ -164,6 +164,12 @@ pub struct FailureDetectorConfig {
     pub initial_interval: Duration,
     /// Threshold period after which dead node can be removed from the cluster.
     pub dead_node_grace_period: Duration,
+    /// Sluice patch: a gap at least this long since this node last handled
+    /// a message or a round is its own stall, excused
+    /// (`Chitchat::excuse_own_stall`); `None` (upstream's way): no stall
+    /// is excused.
+    #[serde(default)]
+    pub excuse_after: Option<Duration>,
 }
 
 impl FailureDetectorConfig {
@@ -180,6 +186,7 @@ impl FailureDetectorConfig {
             max_interval,
             initial_interval,
             dead_node_grace_period,
+            excuse_after: None,
         }
     }
 }
@@ -192,6 +199,7 @@ impl Default for FailureDetectorConfig {
             max_interval: Duration::from_secs(10),
             initial_interval: Duration::from_secs(5),
             dead_node_grace_period: Duration::from_secs(24 * 60 * 60), // 24 hours
+            excuse_after: None,
         }
     }
 }

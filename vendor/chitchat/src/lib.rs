@@ -172,24 +172,28 @@ impl Chitchat {
     }
 
     /// Sluice patch: silence this node did not listen to is not a peer's
-    /// silence. Gossip runs at least every round; a longer gap since this
-    /// node last handled a message or a round means its own loop was
-    /// stopped or starved of CPU. Every peer's last heartbeat moves on by
-    /// the gap less one round, so the stall neither makes peers look dead
-    /// here (under load every node would suspect every other, and a fleet
-    /// where each node sees most peers suspected is a minority
-    /// everywhere) nor enters the intervals the detector learns (which
-    /// would slow the detection of a real death). A peer that did die
-    /// meanwhile is found as late as this node's stall, by a node whose
-    /// word is fenced meanwhile anyway (Sluice's `gossip.rs`).
+    /// silence. Gossip runs at least every round; a gap of at least
+    /// `failure_detector_config.excuse_after` since this node last handled
+    /// a message or a round means its own loop was stopped or starved of
+    /// CPU. Every peer's last heartbeat moves on by the gap less one
+    /// round, so the stall neither makes peers look dead here (under load
+    /// every node would suspect every other, and a fleet where each node
+    /// sees most peers suspected is a minority everywhere) nor enters the
+    /// intervals the detector learns. A peer that did die meanwhile is
+    /// found that much later. Sluice sets the threshold past its own fence
+    /// (`membership/gossip.rs`): a node that excuses a stall was away, and
+    /// votes no burial until it has heard a majority again.
     fn excuse_own_stall(&mut self) {
         let now = Instant::now();
-        let round = self.config.gossip_interval;
-        if let Some(last) = self.last_active.replace(now) {
-            let gap = now.saturating_duration_since(last);
-            if gap > round * 2 {
-                self.failure_detector.excuse(gap - round, now);
-            }
+        let last = self.last_active.replace(now);
+        let (Some(last), Some(after)) = (last, self.config.failure_detector_config.excuse_after)
+        else {
+            return;
+        };
+        let gap = now.saturating_duration_since(last);
+        if gap >= after {
+            let round = self.config.gossip_interval;
+            self.failure_detector.excuse(gap.saturating_sub(round), now);
         }
     }
 
