@@ -50,8 +50,9 @@ pub struct MemberStatus {
     pub generation: u64,
     pub in_ring: bool,
     /// This node's failure detector declares the member dead and no
-    /// majority has buried it yet: it keeps its place in the ring, and
-    /// this node votes for its burial.
+    /// majority has buried it yet: it keeps its place in the ring, not
+    /// its vote in the minority rule; this node votes for its burial
+    /// while it is ready and neither fenced nor deaf.
     pub suspected: bool,
     /// Its zone (`cluster.zone`), if it names one.
     pub zone: Option<String>,
