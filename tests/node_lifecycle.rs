@@ -10,20 +10,25 @@ use sluice::config::Sources;
 
 const WAIT: Duration = Duration::from_secs(10);
 
+/// A node's config with policy `api` at `limit` per minute.
+fn config_body(limit: &str) -> String {
+    format!(
+        "node_id = \"test-node\"\ngrpc_addr = \"127.0.0.1:0\"\nhttp_addr = \"127.0.0.1:0\"\n\
+         [admin]\naddr = \"127.0.0.1:0\"\n\
+         [cluster]\ngossip_addr = \"127.0.0.1:0\"\n\
+         [policies.api]\nlimit = {limit}\nduration = \"1m\"\n"
+    )
+}
+
 #[tokio::test]
 async fn config_reload_applies_good_edits_and_refuses_broken_ones() {
     let dir = std::env::temp_dir().join(format!("sluice-reload-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("sluice.toml");
     let write = |limit: &str| {
-        let body = format!(
-            "node_id = \"test-node\"\ngrpc_addr = \"127.0.0.1:0\"\nhttp_addr = \"127.0.0.1:0\"\n\
-             [admin]\naddr = \"127.0.0.1:0\"\n\
-             [policies.api]\nlimit = {limit}\nduration = \"1m\"\n"
-        );
         // Write then rename, as editors do, so the watcher never reads half a file.
         let tmp = dir.join("sluice.toml.tmp");
-        std::fs::write(&tmp, body).unwrap();
+        std::fs::write(&tmp, config_body(limit)).unwrap();
         std::fs::rename(&tmp, &file).unwrap();
     };
     write("2");
@@ -58,6 +63,40 @@ async fn config_reload_applies_good_edits_and_refuses_broken_ones() {
     assert_eq!(n.check(peek()).await.limit, 5);
     let r = n.check(policy("reload", "k", "api")).await;
     assert!(under(&r));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[tokio::test]
+async fn config_reload_follows_a_configmap_swap() {
+    // A ConfigMap mount: `sluice.toml` is a symlink through `..data`, which
+    // the kubelet points at a new directory in one rename; the file's own
+    // name sees no event.
+    let dir = std::env::temp_dir().join(format!("sluice-configmap-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(dir.join("..v1")).unwrap();
+    std::fs::write(dir.join("..v1/sluice.toml"), config_body("2")).unwrap();
+    std::os::unix::fs::symlink("..v1", dir.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/sluice.toml", dir.join("sluice.toml")).unwrap();
+    let sources = Sources {
+        file: Some(dir.join("sluice.toml")),
+        ..Default::default()
+    };
+    let (cfg, policies) = sluice::policy::load(&sources).unwrap();
+    let n = start_with(cfg, policies, Some(sources)).await;
+    let peek = || {
+        let mut r = policy("configmap", "fresh", "api");
+        r.hits = Some(0);
+        r
+    };
+    assert_eq!(n.check(peek()).await.limit, 2);
+    std::fs::create_dir_all(dir.join("..v2")).unwrap();
+    std::fs::write(dir.join("..v2/sluice.toml"), config_body("5")).unwrap();
+    std::os::unix::fs::symlink("..v2", dir.join("..data_tmp")).unwrap();
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    eventually("the swapped-in limit", WAIT, || async {
+        n.check(peek()).await.limit == 5
+    })
+    .await;
     std::fs::remove_dir_all(&dir).ok();
 }
 

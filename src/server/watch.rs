@@ -103,7 +103,13 @@ pub fn config(
 ) -> Result<impl Future<Output = ()>, StartError> {
     let name: Option<OsString> = path.file_name().map(|n| n.to_os_string());
     let (watcher, rx) = watch_dir(&parent(&path), move |p| {
-        name.as_deref().is_none_or(|n| p.file_name() == Some(n))
+        // A ConfigMap's file is a symlink through `..data`, which the
+        // kubelet swaps in one rename: the file itself never changes.
+        let swap = p
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("..data"));
+        swap || name.as_deref().is_none_or(|n| p.file_name() == Some(n))
     })?;
     Ok(reload_on_change(watcher, rx, token, move || {
         let (sources, running, limiter, membership) = (
