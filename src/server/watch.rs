@@ -29,6 +29,7 @@ use crate::policy::rules::{self, Rules, RulesError};
 /// Whether `event` may have changed what a path `relevant` accepts names:
 /// an access (an open, a read, a close after reading) changes nothing; a
 /// close after writing does (a writer's last word).
+///
 /// Reloading reads the files, and inotify reports opens: counted, every
 /// reload caused the next — ten a second, and where nodes share a rules
 /// directory (sidecars on one host path, `benches/fleet_stress.py`) each

@@ -95,7 +95,7 @@ pub struct Chitchat {
     /// received carried — how far its peers have heard it.
     pub(crate) self_heartbeat_heard: Heartbeat,
     /// Sluice patch: when this node last handled a message or a round —
-    /// a longer gap than two rounds is this node's own stall (see
+    /// a gap of at least `excuse_after` is this node's own stall (see
     /// [`Chitchat::excuse_own_stall`]).
     last_active: Option<Instant>,
 }
