@@ -20,6 +20,24 @@ fn config_body(limit: &str) -> String {
     )
 }
 
+/// A node started from the config file at `file`, which it watches.
+async fn start_from_file(file: std::path::PathBuf) -> common::TestNode {
+    let sources = Sources {
+        file: Some(file),
+        ..Default::default()
+    };
+    let (cfg, policies) = sluice::policy::load(&sources).unwrap();
+    start_with(cfg, policies, Some(sources)).await
+}
+
+/// A check of policy `api` for a fresh key of `name` that spends nothing:
+/// its answer carries the limit in force.
+fn peek_api(name: &str) -> sluice::proto::v1::RateLimitRequest {
+    let mut r = policy(name, "fresh", "api");
+    r.hits = Some(0);
+    r
+}
+
 #[tokio::test]
 async fn config_reload_applies_good_edits_and_refuses_broken_ones() {
     let dir = std::env::temp_dir().join(format!("sluice-reload-{}", std::process::id()));
@@ -32,17 +50,8 @@ async fn config_reload_applies_good_edits_and_refuses_broken_ones() {
         std::fs::rename(&tmp, &file).unwrap();
     };
     write("2");
-    let sources = Sources {
-        file: Some(file.clone()),
-        ..Default::default()
-    };
-    let (cfg, policies) = sluice::policy::load(&sources).unwrap();
-    let n = start_with(cfg, policies, Some(sources)).await;
-    let peek = || {
-        let mut r = policy("reload", "fresh", "api");
-        r.hits = Some(0);
-        r
-    };
+    let n = start_from_file(file.clone()).await;
+    let peek = || peek_api("reload");
     assert_eq!(n.check(peek()).await.limit, 2);
 
     write("5");
@@ -77,17 +86,8 @@ async fn config_reload_follows_a_configmap_swap() {
     std::fs::write(dir.join("..v1/sluice.toml"), config_body("2")).unwrap();
     std::os::unix::fs::symlink("..v1", dir.join("..data")).unwrap();
     std::os::unix::fs::symlink("..data/sluice.toml", dir.join("sluice.toml")).unwrap();
-    let sources = Sources {
-        file: Some(dir.join("sluice.toml")),
-        ..Default::default()
-    };
-    let (cfg, policies) = sluice::policy::load(&sources).unwrap();
-    let n = start_with(cfg, policies, Some(sources)).await;
-    let peek = || {
-        let mut r = policy("configmap", "fresh", "api");
-        r.hits = Some(0);
-        r
-    };
+    let n = start_from_file(dir.join("sluice.toml")).await;
+    let peek = || peek_api("configmap");
     assert_eq!(n.check(peek()).await.limit, 2);
     std::fs::create_dir_all(dir.join("..v2")).unwrap();
     std::fs::write(dir.join("..v2/sluice.toml"), config_body("5")).unwrap();
