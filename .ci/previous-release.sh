@@ -2,7 +2,11 @@
 # Builds the previous release's `sluice` binary (the commit named in
 # .ci/PREVIOUS_RELEASE: the last one speaking peer protocol 2) into
 # target/previous/sluice, for the rolling-upgrade test. A separate work tree
-# and target directory, so the binary under test is not touched.
+# but the same target directory: the dependencies both releases share (same
+# version, features and profile) are compiled once, not twice (.ci/run runs
+# this before its build, so they are ready for it). Cargo keeps the two
+# releases' own crates apart (their paths differ); the one file both write,
+# target/release/sluice, is put back if it was there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 commit=$(cat .ci/PREVIOUS_RELEASE)
@@ -19,8 +23,17 @@ rm -rf "$tree"
 git worktree prune
 git worktree add --detach "$tree" "$commit" >/dev/null
 trap 'git worktree remove --force "$tree"' EXIT
-CARGO_TARGET_DIR="$PWD/target/previous-build" cargo build --release --locked --bin sluice \
-    --manifest-path "$tree/Cargo.toml"
 mkdir -p target/previous
-cp target/previous-build/release/sluice target/previous/sluice
+current=target/release/sluice
+if [ -e "$current" ]; then
+    cp -p "$current" target/previous/current-sluice
+fi
+CARGO_TARGET_DIR="$PWD/target" cargo build --release --locked --bin sluice \
+    --manifest-path "$tree/Cargo.toml"
+cp target/release/sluice target/previous/sluice
+if [ -e target/previous/current-sluice ]; then
+    mv -f target/previous/current-sluice "$current"
+else
+    rm -f "$current"
+fi
 target/previous/sluice --version || true
