@@ -419,6 +419,65 @@ async fn rules_reload_on_edit_and_on_a_configmap_swap() {
     std::fs::remove_dir_all(&root).ok();
 }
 
+/// The DaemonSet's layout (`deploy/k8s/daemonset.yaml`): the rules are a
+/// directory inside the ConfigMap, reached through the symlink `rules ->
+/// ..data/rules`. The kubelet points `..data` at a new directory and
+/// deletes the old one, so a watch on the directory the symlink led to at
+/// start dies with the first swap; every swap must still reload.
+#[tokio::test(flavor = "multi_thread")]
+async fn rules_reload_on_every_swap_of_a_configmap_directory() {
+    let root = std::env::temp_dir().join(format!("sluice-cm-dir-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let rule = |n: u32| {
+        format!(
+            "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: {n}}}\n"
+        )
+    };
+    let version = |v: u32, n: u32| {
+        let dir = root.join(format!("..v{v}/rules"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("edge.yaml"), rule(n)).unwrap();
+    };
+    version(1, 1);
+    std::os::unix::fs::symlink("..v1", root.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/rules", root.join("rules")).unwrap();
+    let mut c = config();
+    c.envoy.rules_path = Some(root.join("rules"));
+    let n = start(c).await;
+    let limit = || async {
+        ask(&n, vec![desc(&[("k", "probe")])], 0).await.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit)
+    };
+    assert_eq!(limit().await, Some(1));
+    for (v, want) in [(2, 7), (3, 9), (4, 11)] {
+        // As the kubelet: the new version, `..data` swapped in one rename,
+        // the old version deleted.
+        version(v, want);
+        std::os::unix::fs::symlink(format!("..v{v}"), root.join("..data_tmp")).unwrap();
+        std::fs::rename(root.join("..data_tmp"), root.join("..data")).unwrap();
+        std::fs::remove_dir_all(root.join(format!("..v{}", v - 1))).unwrap();
+        eventually(
+            &format!("the rules of swap {}", v - 1),
+            Duration::from_secs(10),
+            || async { limit().await == Some(want) },
+        )
+        .await;
+    }
+    // An edit inside the directory the symlink now leads to (a deploy
+    // that swaps a symlink and then edits in place) reloads too: the
+    // directory is watched anew after each reload.
+    let tmp = root.join("..v4/rules/edge.yaml.tmp");
+    std::fs::write(&tmp, rule(13)).unwrap();
+    std::fs::rename(&tmp, root.join("..v4/rules/edge.yaml")).unwrap();
+    eventually("the edit in place", Duration::from_secs(10), || async {
+        limit().await == Some(13)
+    })
+    .await;
+    std::fs::remove_dir_all(&root).ok();
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn http_check_endpoint_refuses_with_headers() {
     let n = start(config()).await;

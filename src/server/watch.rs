@@ -28,7 +28,8 @@ use crate::policy::rules::{self, Rules, RulesError};
 
 /// Whether `event` may have changed what a path `relevant` accepts names:
 /// an access (an open, a read, a close after reading) changes nothing; a
-/// close after writing does (a writer's last word).
+/// close after writing does (a writer's last word). So does a rescan: the
+/// kernel's queue overflowed, and any event lost may have been a change.
 ///
 /// Reloading reads the files, and inotify reports opens: counted, every
 /// reload caused the next — ten a second, and where nodes share a rules
@@ -42,13 +43,13 @@ fn may_change(event: &notify::Event, relevant: impl Fn(&Path) -> bool) -> bool {
         notify::EventKind::Access(_) => true,
         _ => false,
     };
-    !read_only && event.paths.iter().any(|p| relevant(p))
+    event.need_rescan() || (!read_only && event.paths.iter().any(|p| relevant(p)))
 }
 
-/// Watch `dir`; only events that may change a path `relevant` accepts
+/// Watch `dirs`; only events that may change a path `relevant` accepts
 /// count.
-fn watch_dir(
-    dir: &Path,
+fn watch_dirs(
+    dirs: &[&Path],
     relevant: impl Fn(&Path) -> bool + Send + 'static,
 ) -> Result<(notify::RecommendedWatcher, mpsc::Receiver<()>), StartError> {
     let (tx, rx) = mpsc::channel::<()>(16);
@@ -59,21 +60,26 @@ fn watch_dir(
             let _ = tx.try_send(());
         }
     })?;
-    watcher.watch(dir, RecursiveMode::NonRecursive)?;
+    for dir in dirs {
+        watcher.watch(dir, RecursiveMode::NonRecursive)?;
+    }
     Ok((watcher, rx))
 }
 
-/// Run `reload` after each settled burst of events until cancelled.
+/// Run `reload` after each settled burst of events until cancelled, then
+/// watch `rewatch` afresh: a directory reached through a symlink is
+/// watched where the symlink led when the watch began, and a swap leaves
+/// that watch on a directory nobody reads (the kubelet deletes it).
 async fn reload_on_change<F, Fut>(
-    watcher: notify::RecommendedWatcher,
+    mut watcher: notify::RecommendedWatcher,
     mut rx: mpsc::Receiver<()>,
+    rewatch: Option<PathBuf>,
     token: CancellationToken,
     mut reload: F,
 ) where
     F: FnMut() -> Fut,
     Fut: Future<Output = ()>,
 {
-    let _watcher = watcher; // dropped (and stopped) with this task
     loop {
         tokio::select! {
             _ = token.cancelled() => return,
@@ -81,6 +87,18 @@ async fn reload_on_change<F, Fut>(
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 while rx.try_recv().is_ok() {}
                 reload().await;
+                if let Some(dir) = &rewatch {
+                    // Gone already or not: either way it is watched anew.
+                    let _ = watcher.unwatch(dir);
+                    if let Err(e) = watcher.watch(dir, RecursiveMode::NonRecursive) {
+                        tracing::warn!(
+                            path = %dir.display(),
+                            error = %e,
+                            "cannot watch the rules directory again; edits inside it \
+                             reload only with a swap in its parent"
+                        );
+                    }
+                }
             }
         }
     }
@@ -103,7 +121,7 @@ pub fn config(
     token: CancellationToken,
 ) -> Result<impl Future<Output = ()>, StartError> {
     let name: Option<OsString> = path.file_name().map(|n| n.to_os_string());
-    let (watcher, rx) = watch_dir(&parent(&path), move |p| {
+    let (watcher, rx) = watch_dirs(&[&parent(&path)], move |p| {
         // A ConfigMap's file is a symlink through `..data`, which the
         // kubelet swaps in one rename: the file itself never changes.
         let swap = p
@@ -112,7 +130,7 @@ pub fn config(
             .is_some_and(|n| n.starts_with("..data"));
         swap || name.as_deref().is_none_or(|n| p.file_name() == Some(n))
     })?;
-    Ok(reload_on_change(watcher, rx, token, move || {
+    Ok(reload_on_change(watcher, rx, None, token, move || {
         let (sources, running, limiter, membership) = (
             sources.clone(),
             running.clone(),
@@ -200,25 +218,43 @@ pub fn rules(
     limiter: Limiter,
     token: CancellationToken,
 ) -> Result<impl Future<Output = ()>, StartError> {
-    let (dir, only) = if path.is_dir() {
-        (path.clone(), None)
+    // A directory is watched, and its parent too: where the directory is
+    // a symlink into a ConfigMap (`rules -> ..data/rules`, the DaemonSet's
+    // layout) its own watch follows the directory it led to at start, which
+    // the first swap deletes; the parent sees every swap of `..data` (and
+    // of the symlink itself).
+    let (watched, only, rewatch) = if path.is_dir() {
+        (vec![path.clone(), parent(&path)], None, Some(path.clone()))
     } else {
-        (parent(&path), path.file_name().map(|n| n.to_os_string()))
+        (
+            vec![parent(&path)],
+            path.file_name().map(|n| n.to_os_string()),
+            None,
+        )
     };
-    let (watcher, rx) = watch_dir(&dir, move |p| {
+    let own_name = path.file_name().map(|n| n.to_os_string());
+    let inside = (rewatch.is_some()).then(|| path.clone());
+    let dirs: Vec<&Path> = watched.iter().map(PathBuf::as_path).collect();
+    let (watcher, rx) = watch_dirs(&dirs, move |p| {
         let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
         // The kubelet swaps a ConfigMap in one rename of `..data_tmp` to
         // `..data`; the files themselves are symlinks that never change.
-        name.starts_with("..data")
-            || match &only {
-                Some(n) => p.file_name() == Some(n.as_os_str()),
-                None => rules::is_rule_file(p),
-            }
+        if name.starts_with("..data") {
+            return true;
+        }
+        match (&inside, &only) {
+            // In the rules directory: its rule files; in its parent: the
+            // directory's own name (a symlink swapped), nothing else.
+            (Some(dir), _) if p.parent() == Some(dir.as_path()) => rules::is_rule_file(p),
+            (Some(_), _) => p.file_name() == own_name.as_deref(),
+            (None, Some(n)) => p.file_name() == Some(n.as_os_str()),
+            (None, None) => rules::is_rule_file(p),
+        }
     })?;
     // What was last loaded (or last refused): the same content again is
     // not a change.
     let mut last = Some(limiter.rules().fingerprint());
-    Ok(reload_on_change(watcher, rx, token, move || {
+    Ok(reload_on_change(watcher, rx, rewatch, token, move || {
         let files = match rules::read_files(&path) {
             Ok(files) => files,
             Err(e) => {
@@ -277,6 +313,16 @@ mod tests {
                 "{kind:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_rescan_is_a_change() {
+        let lost = notify::Event::new(EventKind::Other).set_flag(notify::event::Flag::Rescan);
+        assert!(may_change(&lost, rules_yaml));
+        assert!(!may_change(
+            &notify::Event::new(EventKind::Other),
+            rules_yaml
+        ));
     }
 
     #[test]
