@@ -478,6 +478,41 @@ async fn rules_reload_on_every_swap_of_a_configmap_directory() {
     std::fs::remove_dir_all(&root).ok();
 }
 
+/// `rules_path` relative to the working directory: edits inside it reload
+/// (the watcher names events by absolute paths).
+#[tokio::test(flavor = "multi_thread")]
+async fn rules_reload_with_a_relative_path() {
+    let rule = |n: u32| {
+        format!(
+            "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: {n}}}\n"
+        )
+    };
+    let dir = rules_dir("relative", &rule(1));
+    let cwd = std::env::current_dir().unwrap();
+    let mut relative = PathBuf::new();
+    for _ in cwd.components().skip(1) {
+        relative.push("..");
+    }
+    relative.push(dir.strip_prefix("/").unwrap());
+    assert!(relative.is_relative() && relative.is_dir(), "{relative:?}");
+    let n = serve(&relative, |_| {}).await;
+    let limit = || async {
+        ask(&n, vec![desc(&[("k", "probe")])], 0).await.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit)
+    };
+    assert_eq!(limit().await, Some(1));
+    let tmp = dir.join("edge.yaml.tmp");
+    std::fs::write(&tmp, rule(5)).unwrap();
+    std::fs::rename(&tmp, dir.join("edge.yaml")).unwrap();
+    eventually("the edited rules", Duration::from_secs(10), || async {
+        limit().await == Some(5)
+    })
+    .await;
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn http_check_endpoint_refuses_with_headers() {
     let n = start(config()).await;

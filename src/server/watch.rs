@@ -46,10 +46,12 @@ fn may_change(event: &notify::Event, relevant: impl Fn(&Path) -> bool) -> bool {
     event.need_rescan() || (!read_only && event.paths.iter().any(|p| relevant(p)))
 }
 
-/// Watch `dirs`; only events that may change a path `relevant` accepts
-/// count.
+/// Watch `dirs` (the node does not start without them) and, where it
+/// can, `helpful` (a warning if not); only events that may change a path
+/// `relevant` accepts count.
 fn watch_dirs(
     dirs: &[&Path],
+    helpful: &[&Path],
     relevant: impl Fn(&Path) -> bool + Send + 'static,
 ) -> Result<(notify::RecommendedWatcher, mpsc::Receiver<()>), StartError> {
     let (tx, rx) = mpsc::channel::<()>(16);
@@ -63,13 +65,26 @@ fn watch_dirs(
     for dir in dirs {
         watcher.watch(dir, RecursiveMode::NonRecursive)?;
     }
+    for dir in helpful {
+        if let Err(e) = watcher.watch(dir, RecursiveMode::NonRecursive) {
+            tracing::warn!(
+                path = %dir.display(),
+                error = %e,
+                "cannot watch the rules directory's parent: a swap of a symlinked rules \
+                 directory (a ConfigMap's ..data) may go unnoticed after the first"
+            );
+        }
+    }
     Ok((watcher, rx))
 }
 
-/// Run `reload` after each settled burst of events until cancelled, then
-/// watch `rewatch` afresh: a directory reached through a symlink is
-/// watched where the symlink led when the watch began, and a swap leaves
-/// that watch on a directory nobody reads (the kubelet deletes it).
+/// Run `reload` after each settled burst of events until cancelled. First,
+/// if `rewatch` now leads elsewhere, it is watched where it leads: a
+/// directory reached through a symlink is watched where the symlink led
+/// when the watch began, and a swap leaves that watch on a directory
+/// nobody reads (the kubelet deletes it). Watched before the files are
+/// read, so an edit just after the read is seen; and added to, never
+/// removed and added again (events queued meanwhile would be dropped).
 async fn reload_on_change<F, Fut>(
     mut watcher: notify::RecommendedWatcher,
     mut rx: mpsc::Receiver<()>,
@@ -80,25 +95,28 @@ async fn reload_on_change<F, Fut>(
     F: FnMut() -> Fut,
     Fut: Future<Output = ()>,
 {
+    let mut target = rewatch.as_ref().and_then(|d| std::fs::canonicalize(d).ok());
     loop {
         tokio::select! {
             _ = token.cancelled() => return,
             Some(()) = rx.recv() => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 while rx.try_recv().is_ok() {}
-                reload().await;
                 if let Some(dir) = &rewatch {
-                    // Gone already or not: either way it is watched anew.
-                    let _ = watcher.unwatch(dir);
-                    if let Err(e) = watcher.watch(dir, RecursiveMode::NonRecursive) {
-                        tracing::warn!(
-                            path = %dir.display(),
-                            error = %e,
-                            "cannot watch the rules directory again; edits inside it \
-                             reload only with a swap in its parent"
-                        );
+                    let now = std::fs::canonicalize(dir).ok();
+                    if now.is_some() && now != target {
+                        match watcher.watch(dir, RecursiveMode::NonRecursive) {
+                            Ok(()) => target = now,
+                            Err(e) => tracing::warn!(
+                                path = %dir.display(),
+                                error = %e,
+                                "cannot watch the rules directory where it now leads; \
+                                 edits inside it reload only with a swap in its parent"
+                            ),
+                        }
                     }
                 }
+                reload().await;
             }
         }
     }
@@ -121,7 +139,7 @@ pub fn config(
     token: CancellationToken,
 ) -> Result<impl Future<Output = ()>, StartError> {
     let name: Option<OsString> = path.file_name().map(|n| n.to_os_string());
-    let (watcher, rx) = watch_dirs(&[&parent(&path)], move |p| {
+    let (watcher, rx) = watch_dirs(&[&parent(&path)], &[], move |p| {
         // A ConfigMap's file is a symlink through `..data`, which the
         // kubelet swaps in one rename: the file itself never changes.
         let swap = p
@@ -218,24 +236,25 @@ pub fn rules(
     limiter: Limiter,
     token: CancellationToken,
 ) -> Result<impl Future<Output = ()>, StartError> {
-    // A directory is watched, and its parent too: where the directory is
-    // a symlink into a ConfigMap (`rules -> ..data/rules`, the DaemonSet's
-    // layout) its own watch follows the directory it led to at start, which
-    // the first swap deletes; the parent sees every swap of `..data` (and
-    // of the symlink itself).
-    let (watched, only, rewatch) = if path.is_dir() {
-        (vec![path.clone(), parent(&path)], None, Some(path.clone()))
+    // Events name paths as notify makes them: absolute.
+    let path = std::path::absolute(&path).unwrap_or(path);
+    // A directory is watched, and its parent too where it can be: where
+    // the directory is a symlink into a ConfigMap (`rules -> ..data/rules`,
+    // the DaemonSet's layout) its own watch follows the directory it led to
+    // at start, which the first swap deletes; the parent sees every swap
+    // of `..data` (and of the symlink itself).
+    let is_dir = path.is_dir();
+    let (dir, only) = if is_dir {
+        (path.clone(), None)
     } else {
-        (
-            vec![parent(&path)],
-            path.file_name().map(|n| n.to_os_string()),
-            None,
-        )
+        (parent(&path), path.file_name().map(|n| n.to_os_string()))
     };
+    let up = parent(&path);
+    let helpful: Vec<&Path> = if is_dir { vec![&up] } else { vec![] };
     let own_name = path.file_name().map(|n| n.to_os_string());
-    let inside = (rewatch.is_some()).then(|| path.clone());
-    let dirs: Vec<&Path> = watched.iter().map(PathBuf::as_path).collect();
-    let (watcher, rx) = watch_dirs(&dirs, move |p| {
+    let inside = is_dir.then(|| path.clone());
+    let rewatch = inside.clone();
+    let (watcher, rx) = watch_dirs(&[&dir], &helpful, move |p| {
         let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
         // The kubelet swaps a ConfigMap in one rename of `..data_tmp` to
         // `..data`; the files themselves are symlinks that never change.
