@@ -22,6 +22,7 @@ mod evict;
 pub mod key;
 mod replication;
 mod specs;
+pub mod state_dir;
 pub mod state_log;
 mod table;
 mod top;

@@ -160,6 +160,12 @@ impl Writer {
         self.put(payload)
     }
 
+    /// Hold the file to `bound` bytes from now (appends already made
+    /// stay).
+    pub fn set_bound(&mut self, bound: u64) {
+        self.bound = bound;
+    }
+
     /// Bytes written so far, the header included.
     pub fn written(&self) -> u64 {
         self.written
