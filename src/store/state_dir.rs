@@ -60,9 +60,11 @@ pub struct FileReport {
 pub struct Loaded {
     /// Each key's last value.
     pub entries: HashMap<Vec<u8>, Vec<u8>>,
-    /// Keys past `max_keys`, not kept.
+    /// Puts of keys past `max_keys`, not kept.
     pub dropped: usize,
     pub files: Vec<FileReport>,
+    /// A file of a newer format was found (its number).
+    pub newer: Option<u32>,
 }
 
 /// The directory, and the file being appended to.
@@ -111,11 +113,20 @@ impl StateDir {
             files.push((*n, size));
         }
         let loaded = load(dir, &numbers, bound, max_keys);
+        // A newer Sluice's files are neither read in part (their removals
+        // would be lost) nor replaced by this build's next dump.
+        if let Some(newer) = loaded.newer {
+            return Err(LogError::NewerFormat { found: newer });
+        }
+        let next = match numbers.last() {
+            Some(n) => n.checked_add(1).ok_or(LogError::NotAStateFile)?,
+            None => 0,
+        };
         let state = StateDir {
             dir: dir.to_path_buf(),
             node_id: node_id.to_string(),
             bound,
-            next: numbers.last().map_or(0, |n| n + 1),
+            next,
             files,
             writer: None,
         };
@@ -135,7 +146,8 @@ impl StateDir {
     }
 
     /// Append a change to the current file (begun if there is none).
-    /// Durable once [`StateDir::sync`] returns.
+    /// Durable once [`StateDir::sync`] returns (nothing syncs on drop: a
+    /// caller that stops syncs first, and sees the error).
     pub fn append(&mut self, change: Change<'_>, now: u64) -> Result<(), LogError> {
         if self.writer.is_none() {
             let room = self.bound.saturating_sub(self.bytes());
@@ -157,23 +169,34 @@ impl StateDir {
     }
 
     /// Write every live key to a new file; once it is whole and on disk,
-    /// remove the older files. Later changes go to the new file.
+    /// remove the older files. Later changes go to the new file. A dump
+    /// that fails removes its own file (the older ones stay in use).
     pub fn dump<'a>(
         &mut self,
         live: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
         now: u64,
     ) -> Result<(), LogError> {
-        self.close()?;
+        // A file whose last writes failed is left as it is: the dump
+        // replaces it.
+        self.close();
         // The dump may use the whole bound: older files go once it ends.
         self.begin(now, self.bound)?;
         let (n, w) = self.writer.as_mut().expect("begun above");
         let n = *n;
-        for (key, value) in live {
-            w.append(&encode(Change::Put { key, value }))?;
+        let written = (|| {
+            for (key, value) in live {
+                w.append(&encode(Change::Put { key, value }))?;
+            }
+            w.append(&[DUMP_END])?;
+            w.sync()?;
+            sync_dir(&self.dir).map_err(LogError::from)
+        })();
+        if let Err(e) = written {
+            self.writer = None;
+            let _ = std::fs::remove_file(path_of(&self.dir, n));
+            self.files.retain(|(f, _)| *f != n);
+            return Err(e);
         }
-        w.append(&[DUMP_END])?;
-        w.sync()?;
-        sync_dir(&self.dir)?;
         let older: Vec<u64> = self
             .files
             .iter()
@@ -181,23 +204,28 @@ impl StateDir {
             .filter(|f| *f < n)
             .collect();
         for f in older {
-            std::fs::remove_file(path_of(&self.dir, f))?;
+            match std::fs::remove_file(path_of(&self.dir, f)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e.into()),
+            }
+            self.files.retain(|(g, _)| *g != f);
         }
-        self.files.retain(|(f, _)| *f >= n);
         sync_dir(&self.dir)?;
         Ok(())
     }
 
-    /// Sync the file being appended to and stop appending to it.
-    fn close(&mut self) -> Result<(), LogError> {
+    /// Sync the file being appended to (best effort) and stop appending
+    /// to it; its size is what is on disk.
+    fn close(&mut self) {
         if let Some((n, mut w)) = self.writer.take() {
-            let done = w.sync();
+            let _ = w.sync();
+            drop(w);
+            let size = std::fs::metadata(path_of(&self.dir, n)).map_or(0, |m| m.len());
             if let Some(f) = self.files.iter_mut().find(|(f, _)| *f == n) {
-                f.1 = w.written();
+                f.1 = size;
             }
-            done?;
         }
-        Ok(())
     }
 
     fn writing(&self) -> u64 {
@@ -206,18 +234,23 @@ impl StateDir {
 
     fn begin(&mut self, now: u64, room: u64) -> Result<(), LogError> {
         let n = self.next;
-        let w = Writer::create(&path_of(&self.dir, n), &self.node_id, now, room)?;
-        self.next += 1;
+        // Taken whether or not the file is made: a name half made (or
+        // taken by another process) is never tried again.
+        self.next = n.checked_add(1).ok_or(LogError::NotAStateFile)?;
+        let path = path_of(&self.dir, n);
+        let w = Writer::create(&path, &self.node_id, now, room);
+        let w = match w {
+            Ok(w) => w,
+            Err(e) => {
+                if !matches!(&e, LogError::Io(io) if io.kind() == io::ErrorKind::AlreadyExists) {
+                    let _ = std::fs::remove_file(&path);
+                }
+                return Err(e);
+            }
+        };
         self.files.push((n, 0));
         self.writer = Some((n, w));
         Ok(())
-    }
-}
-
-impl Drop for StateDir {
-    fn drop(&mut self) {
-        // Best effort: a caller that cares syncs first and sees the error.
-        let _ = self.sync();
     }
 }
 
@@ -263,8 +296,10 @@ fn decode(record: &[u8]) -> Result<Option<Change<'_>>, ()> {
 
 fn load(dir: &Path, numbers: &[u64], bound: u64, max_keys: usize) -> Loaded {
     let mut loaded = Loaded::default();
+    // Newest first, back to the newest file whose dump ended: older files
+    // are not read (nor held in memory).
     let mut read = Vec::new();
-    for n in numbers {
+    for n in numbers.iter().rev() {
         let path = path_of(dir, *n);
         let mut report = FileReport {
             path: path.clone(),
@@ -274,28 +309,30 @@ fn load(dir: &Path, numbers: &[u64], bound: u64, max_keys: usize) -> Loaded {
             refused: None,
             unknown: 0,
         };
+        let mut records = Vec::new();
         match state_log::read(&path, bound) {
             Ok(c) => {
                 report.records = c.records.len();
                 report.damaged = c.damaged;
                 report.cut_tail = c.cut_tail;
-                read.push(c.records);
+                records = c.records;
             }
             Err(e) => {
+                if let LogError::NewerFormat { found } = e {
+                    loaded.newer = loaded.newer.max(Some(found));
+                }
                 report.refused = Some(e.to_string());
-                read.push(Vec::new());
             }
         }
-        loaded.files.push(report);
+        let base = records.iter().any(|r| decode(r) == Ok(None));
+        read.push((report, records));
+        if base {
+            break;
+        }
     }
-    // From the newest file whose dump ended.
-    let base = read
-        .iter()
-        .rposition(|records| records.iter().any(|r| decode(r) == Ok(None)))
-        .unwrap_or(0);
-    for (i, records) in read.iter().enumerate().skip(base) {
+    for (mut report, records) in read.into_iter().rev() {
         // In the base file, what precedes its dump's end is the dump.
-        for r in records {
+        for r in &records {
             match decode(r) {
                 Ok(Some(Change::Put { key, value })) => {
                     if loaded.entries.len() >= max_keys && !loaded.entries.contains_key(key) {
@@ -308,18 +345,22 @@ fn load(dir: &Path, numbers: &[u64], bound: u64, max_keys: usize) -> Loaded {
                     loaded.entries.remove(key);
                 }
                 Ok(None) => {}
-                Err(()) => loaded.files[i].unknown += 1,
+                Err(()) => report.unknown += 1,
             }
         }
+        loaded.files.push(report);
     }
     loaded
 }
 
+/// A file's number, from its name as [`path_of`] writes it (20 digits):
+/// no other name is taken for one of ours.
 fn number_of(name: &str) -> Option<u64> {
-    name.strip_prefix("state-")?
-        .strip_suffix(".log")?
-        .parse()
-        .ok()
+    let digits = name.strip_prefix("state-")?.strip_suffix(".log")?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
 }
 
 fn path_of(dir: &Path, n: u64) -> PathBuf {

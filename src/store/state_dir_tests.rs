@@ -198,7 +198,7 @@ fn loading_keeps_at_most_max_keys() {
 }
 
 #[test]
-fn damage_and_a_newer_format_cost_their_own_records_alone() {
+fn damage_costs_its_own_records_alone() {
     let d = fresh("damage");
     let (mut s, _) = StateDir::open(&d, "n1", 1 << 20, 100).unwrap();
     s.append(put("a", "1"), 0).unwrap();
@@ -215,21 +215,75 @@ fn damage_and_a_newer_format_cost_their_own_records_alone() {
     assert_eq!(bytes[at], b'1');
     bytes[at] ^= 0x01;
     std::fs::write(&file, &bytes).unwrap();
-    // A file a newer Sluice wrote after it.
+    let (_, loaded) = StateDir::open(&d, "n1", 1 << 20, 100).unwrap();
+    assert_eq!(entries(&loaded), pairs(&[("a", "1"), ("c", "1")]));
+    assert_eq!(loaded.files[0].damaged, 1);
+    std::fs::remove_dir_all(&d).ok();
+}
+
+#[test]
+fn a_directory_with_a_newer_format_is_not_used_and_left_as_it_is() {
+    let d = fresh("newer");
+    let (mut s, _) = StateDir::open(&d, "n1", 1 << 20, 100).unwrap();
+    s.append(put("a", "1"), 0).unwrap();
+    s.sync().unwrap();
+    drop(s);
     let mut newer = b"SLUICEST".to_vec();
     newer.extend_from_slice(&(state_log::FORMAT + 1).to_le_bytes());
     newer.extend_from_slice(&16u32.to_le_bytes());
     let sum = xxhash_rust::xxh3::xxh3_64_with_seed(&newer, 0);
     newer.extend_from_slice(&sum.to_le_bytes());
     std::fs::write(d.join("state-00000000000000000007.log"), &newer).unwrap();
-    let (mut s, loaded) = StateDir::open(&d, "n1", 1 << 20, 100).unwrap();
-    assert_eq!(entries(&loaded), pairs(&[("a", "1"), ("c", "1")]));
-    assert_eq!(loaded.files[0].damaged, 1);
-    let refused = loaded.files[1].refused.as_deref().unwrap_or("");
-    assert!(refused.contains("newer than this build's"), "{refused}");
-    // Writing goes on after the newest file's number.
-    s.append(put("d", "1"), 0).unwrap();
+    let before = files(&d);
+    let e = StateDir::open(&d, "n1", 1 << 20, 100)
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("newer than this build's"), "{e}");
+    assert_eq!(files(&d), before);
+    std::fs::remove_dir_all(&d).ok();
+}
+
+#[test]
+fn a_dump_that_fails_removes_its_own_file_and_the_older_ones_stay_in_use() {
+    let d = fresh("faileddump");
+    let (mut s, _) = StateDir::open(&d, "n1", 300, 100).unwrap();
+    s.append(put("a", "1"), 0).unwrap();
     s.sync().unwrap();
-    assert!(files(&d).contains(&"state-00000000000000000008.log".to_string()));
+    let before = files(&d);
+    let big = vec![7u8; 200];
+    let live = [
+        (b"x".as_slice(), big.as_slice()),
+        (b"y".as_slice(), big.as_slice()),
+    ];
+    assert!(matches!(s.dump(live, 1), Err(LogError::Full { .. })));
+    assert_eq!(files(&d), before);
+    s.append(put("b", "1"), 2).unwrap();
+    s.sync().unwrap();
+    let (_, loaded) = StateDir::open(&d, "n1", 300, 100).unwrap();
+    assert_eq!(entries(&loaded), pairs(&[("a", "1"), ("b", "1")]));
+    std::fs::remove_dir_all(&d).ok();
+}
+
+#[test]
+fn names_not_written_as_ours_are_left_alone() {
+    let d = fresh("names");
+    std::fs::create_dir_all(&d).unwrap();
+    for name in [
+        "state-5.log",
+        "state-+0000000000000000005.log",
+        "state-x.log",
+        "notes.txt",
+    ] {
+        std::fs::write(d.join(name), b"not ours").unwrap();
+    }
+    let (mut s, loaded) = StateDir::open(&d, "n1", 1 << 20, 100).unwrap();
+    assert!(loaded.files.is_empty());
+    s.append(put("a", "1"), 0).unwrap();
+    s.dump([(b"a".as_slice(), b"1".as_slice())], 1).unwrap();
+    let left: Vec<_> = files(&d)
+        .into_iter()
+        .filter(|f| !f.starts_with("state-000"))
+        .collect();
+    assert_eq!(left.len(), 4, "{left:?}");
     std::fs::remove_dir_all(&d).ok();
 }
