@@ -113,6 +113,29 @@ fn rules_files(tag: &str, files: &[(&str, &str)]) -> PathBuf {
     dir
 }
 
+/// Rules of domain `edge`: key `k`, `n` an hour.
+fn hourly_rule(n: u32) -> String {
+    format!(
+        "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: {n}}}\n"
+    )
+}
+
+/// The limit the node's rules set for key `k` now (a check that spends
+/// nothing).
+async fn limit_of(n: &TestNode) -> Option<u32> {
+    ask(n, vec![desc(&[("k", "probe")])], 0).await.statuses[0]
+        .current_limit
+        .as_ref()
+        .map(|l| l.requests_per_unit)
+}
+
+/// Replace `path` with `body` as editors do: a write, then a rename over.
+fn write_over(path: &std::path::Path, body: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, body).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
 /// A node serving the rules in `dir`, with `tweak` applied to its config.
 async fn serve(dir: &std::path::Path, tweak: impl Fn(&mut sluice::config::Config)) -> TestNode {
     let mut c = config();
@@ -370,32 +393,21 @@ async fn rules_reload_on_edit_and_on_a_configmap_swap() {
     let _ = std::fs::remove_dir_all(&root);
     let v1 = root.join("..v1");
     std::fs::create_dir_all(&v1).unwrap();
-    let rule = |n: u32| {
-        format!(
-            "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: {n}}}\n"
-        )
-    };
-    std::fs::write(v1.join("edge.yaml"), rule(1)).unwrap();
+    std::fs::write(v1.join("edge.yaml"), hourly_rule(1)).unwrap();
     std::os::unix::fs::symlink("..v1", root.join("..data")).unwrap();
     std::os::unix::fs::symlink("..data/edge.yaml", root.join("edge.yaml")).unwrap();
     let mut c = config();
     c.envoy.rules_path = Some(root.clone());
     let n = start(c).await;
-    let limit = || async {
-        ask(&n, vec![desc(&[("k", "probe")])], 0).await.statuses[0]
-            .current_limit
-            .as_ref()
-            .map(|l| l.requests_per_unit)
-    };
-    assert_eq!(limit().await, Some(1));
+    assert_eq!(limit_of(&n).await, Some(1));
     // Swap `..data` atomically to a new version, as the kubelet does.
     let v2 = root.join("..v2");
     std::fs::create_dir_all(&v2).unwrap();
-    std::fs::write(v2.join("edge.yaml"), rule(7)).unwrap();
+    std::fs::write(v2.join("edge.yaml"), hourly_rule(7)).unwrap();
     std::os::unix::fs::symlink("..v2", root.join("..data_tmp")).unwrap();
     std::fs::rename(root.join("..data_tmp"), root.join("..data")).unwrap();
     eventually("the swapped rules", Duration::from_secs(10), || async {
-        limit().await == Some(7)
+        limit_of(&n).await == Some(7)
     })
     .await;
     // A broken version is refused; the old rules keep working.
@@ -415,7 +427,7 @@ async fn rules_reload_on_edit_and_on_a_configmap_swap() {
             .contains("sluice_config_reloads_total{result=\"error\"} 1")
     })
     .await;
-    assert_eq!(limit().await, Some(7));
+    assert_eq!(limit_of(&n).await, Some(7));
     std::fs::remove_dir_all(&root).ok();
 }
 
@@ -428,15 +440,10 @@ async fn rules_reload_on_edit_and_on_a_configmap_swap() {
 async fn rules_reload_on_every_swap_of_a_configmap_directory() {
     let root = std::env::temp_dir().join(format!("sluice-cm-dir-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
-    let rule = |n: u32| {
-        format!(
-            "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: {n}}}\n"
-        )
-    };
     let version = |v: u32, n: u32| {
         let dir = root.join(format!("..v{v}/rules"));
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("edge.yaml"), rule(n)).unwrap();
+        std::fs::write(dir.join("edge.yaml"), hourly_rule(n)).unwrap();
     };
     version(1, 1);
     std::os::unix::fs::symlink("..v1", root.join("..data")).unwrap();
@@ -444,13 +451,7 @@ async fn rules_reload_on_every_swap_of_a_configmap_directory() {
     let mut c = config();
     c.envoy.rules_path = Some(root.join("rules"));
     let n = start(c).await;
-    let limit = || async {
-        ask(&n, vec![desc(&[("k", "probe")])], 0).await.statuses[0]
-            .current_limit
-            .as_ref()
-            .map(|l| l.requests_per_unit)
-    };
-    assert_eq!(limit().await, Some(1));
+    assert_eq!(limit_of(&n).await, Some(1));
     for (v, want) in [(2, 7), (3, 9), (4, 11)] {
         // As the kubelet: the new version, `..data` swapped in one rename,
         // the old version deleted.
@@ -461,18 +462,16 @@ async fn rules_reload_on_every_swap_of_a_configmap_directory() {
         eventually(
             &format!("the rules of swap {}", v - 1),
             Duration::from_secs(10),
-            || async { limit().await == Some(want) },
+            || async { limit_of(&n).await == Some(want) },
         )
         .await;
     }
     // An edit inside the directory the symlink now leads to (a deploy
     // that swaps a symlink and then edits in place) reloads too: the
     // directory is watched anew after each reload.
-    let tmp = root.join("..v4/rules/edge.yaml.tmp");
-    std::fs::write(&tmp, rule(13)).unwrap();
-    std::fs::rename(&tmp, root.join("..v4/rules/edge.yaml")).unwrap();
+    write_over(&root.join("..v4/rules/edge.yaml"), &hourly_rule(13));
     eventually("the edit in place", Duration::from_secs(10), || async {
-        limit().await == Some(13)
+        limit_of(&n).await == Some(13)
     })
     .await;
     std::fs::remove_dir_all(&root).ok();
@@ -482,12 +481,7 @@ async fn rules_reload_on_every_swap_of_a_configmap_directory() {
 /// (the watcher names events by absolute paths).
 #[tokio::test(flavor = "multi_thread")]
 async fn rules_reload_with_a_relative_path() {
-    let rule = |n: u32| {
-        format!(
-            "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: {n}}}\n"
-        )
-    };
-    let dir = rules_dir("relative", &rule(1));
+    let dir = rules_dir("relative", &hourly_rule(1));
     let cwd = std::env::current_dir().unwrap();
     let mut relative = PathBuf::new();
     for _ in cwd.components().skip(1) {
@@ -496,18 +490,10 @@ async fn rules_reload_with_a_relative_path() {
     relative.push(dir.strip_prefix("/").unwrap());
     assert!(relative.is_relative() && relative.is_dir(), "{relative:?}");
     let n = serve(&relative, |_| {}).await;
-    let limit = || async {
-        ask(&n, vec![desc(&[("k", "probe")])], 0).await.statuses[0]
-            .current_limit
-            .as_ref()
-            .map(|l| l.requests_per_unit)
-    };
-    assert_eq!(limit().await, Some(1));
-    let tmp = dir.join("edge.yaml.tmp");
-    std::fs::write(&tmp, rule(5)).unwrap();
-    std::fs::rename(&tmp, dir.join("edge.yaml")).unwrap();
+    assert_eq!(limit_of(&n).await, Some(1));
+    write_over(&dir.join("edge.yaml"), &hourly_rule(5));
     eventually("the edited rules", Duration::from_secs(10), || async {
-        limit().await == Some(5)
+        limit_of(&n).await == Some(5)
     })
     .await;
     std::fs::remove_dir_all(&dir).ok();
