@@ -244,30 +244,28 @@ pub fn rules(
     // at start, which the first swap deletes; the parent sees every swap
     // of `..data` (and of the symlink itself).
     let is_dir = path.is_dir();
-    let (dir, only) = if is_dir {
-        (path.clone(), None)
-    } else {
-        (parent(&path), path.file_name().map(|n| n.to_os_string()))
-    };
     let up = parent(&path);
-    let helpful: Vec<&Path> = if is_dir { vec![&up] } else { vec![] };
+    let (dir, helpful): (&Path, Vec<&Path>) = if is_dir {
+        (&path, vec![&up])
+    } else {
+        (&up, vec![])
+    };
     let own_name = path.file_name().map(|n| n.to_os_string());
     let inside = is_dir.then(|| path.clone());
     let rewatch = inside.clone();
-    let (watcher, rx) = watch_dirs(&[&dir], &helpful, move |p| {
+    let (watcher, rx) = watch_dirs(&[dir], &helpful, move |p| {
         let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
         // The kubelet swaps a ConfigMap in one rename of `..data_tmp` to
         // `..data`; the files themselves are symlinks that never change.
         if name.starts_with("..data") {
             return true;
         }
-        match (&inside, &only) {
-            // In the rules directory: its rule files; in its parent: the
-            // directory's own name (a symlink swapped), nothing else.
-            (Some(dir), _) if p.parent() == Some(dir.as_path()) => rules::is_rule_file(p),
-            (Some(_), _) => p.file_name() == own_name.as_deref(),
-            (None, Some(n)) => p.file_name() == Some(n.as_os_str()),
-            (None, None) => rules::is_rule_file(p),
+        match &inside {
+            // In the rules directory: its rule files.
+            Some(dir) if p.parent() == Some(dir.as_path()) => rules::is_rule_file(p),
+            // Beside it (its parent): its own name only — the rules file,
+            // or the directory's symlink swapped.
+            _ => p.file_name() == own_name.as_deref(),
         }
     })?;
     // What was last loaded (or last refused): the same content again is
